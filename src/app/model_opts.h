@@ -1,0 +1,22 @@
+// Shared by the subcommands that load a model: -m, --threads, --ref, and loading with a clear error.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "app/cli_args.h"
+#include "model/model.h"
+
+namespace mr::app {
+
+struct ModelArgs {
+  std::string model;
+  int threads = 0;
+  bool ref = false;
+};
+
+ModelArgs ParseModelArgs(CliArgs& cli);
+// Resolve and load; prints "mererun CMD: error" and returns nullptr on failure.
+std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a);
+
+}  // namespace mr::app

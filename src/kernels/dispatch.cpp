@@ -1,0 +1,97 @@
+#include <cpuid.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "base/log.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ops_ref.h"
+#include "kernels/x86/kernels_x86.h"
+
+namespace mr {
+namespace {
+
+uint64_t Xgetbv0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+struct CpuFlags {
+  bool avx2 = false, fma = false, f16c = false, avx512 = false;
+};
+
+CpuFlags ReadCpuFlags() {
+  CpuFlags f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & bit_OSXSAVE;
+  const bool avx = c & bit_AVX;
+  f.fma = c & bit_FMA;
+  f.f16c = c & bit_F16C;
+  if (!osxsave || !avx) return f;
+  const uint64_t xcr0 = Xgetbv0();
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = ymm_state && (b & bit_AVX2);
+  f.avx512 = zmm_state && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ) &&
+             (c & bit_AVX512VNNI);
+  return f;
+}
+
+const KernelTable kScalar = {CpuVariant::kScalar, &ref::QuantizeActs, &ref::MatmulQ8Int};
+const KernelTable kAvx2 = {CpuVariant::kAvx2, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx2};
+
+}  // namespace
+
+const char* CpuVariantName(CpuVariant v) {
+  switch (v) {
+    case CpuVariant::kScalar: return "scalar";
+    case CpuVariant::kAvx2: return "avx2";
+    case CpuVariant::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool CpuSupports(CpuVariant v) {
+  static const CpuFlags f = ReadCpuFlags();
+  switch (v) {
+    case CpuVariant::kScalar: return true;
+    case CpuVariant::kAvx2: return f.avx2 && f.fma && f.f16c;
+    case CpuVariant::kAvx512: return f.avx512 && f.fma && f.f16c;
+  }
+  return false;
+}
+
+CpuVariant DetectCpuVariant() {
+  if (CpuSupports(CpuVariant::kAvx512)) return CpuVariant::kAvx512;
+  if (CpuSupports(CpuVariant::kAvx2)) return CpuVariant::kAvx2;
+  return CpuVariant::kScalar;
+}
+
+CpuVariant SelectedCpuVariant() {
+  const char* env = std::getenv("MERERUN_CPU");
+  if (!env || !*env) return DetectCpuVariant();
+  CpuVariant want;
+  if (!std::strcmp(env, "scalar")) want = CpuVariant::kScalar;
+  else if (!std::strcmp(env, "avx2")) want = CpuVariant::kAvx2;
+  else if (!std::strcmp(env, "avx512")) want = CpuVariant::kAvx512;
+  else {
+    MR_LOGW("cpu", "MERERUN_CPU=%s is not one of scalar|avx2|avx512; using %s", env, CpuVariantName(DetectCpuVariant()));
+    return DetectCpuVariant();
+  }
+  if (!CpuSupports(want)) {
+    MR_LOGW("cpu", "MERERUN_CPU=%s is not supported by this CPU; using %s", env, CpuVariantName(DetectCpuVariant()));
+    return DetectCpuVariant();
+  }
+  return want;
+}
+
+const KernelTable& GetKernels(CpuVariant v) {
+  // AVX-512 kernels arrive with the kernels issue; until then AVX-512 machines run the AVX2 ones.
+  if (v == CpuVariant::kAvx512 || v == CpuVariant::kAvx2) return kAvx2;
+  return kScalar;
+}
+
+}  // namespace mr

@@ -1,0 +1,175 @@
+// Every kernel variant against the scalar reference, on odd and edge sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "base/half.h"
+#include "kernels/ops.h"
+#include "kernels/q8.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace mr {
+namespace {
+
+std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+TEST(Q8, QuantizeIsSymmetricPerGroupWithBf16Scales) {
+  // One row, two groups with known maxima: scale = bf16(amax / 127), q = round(w / scale).
+  std::vector<float> w(128, 0.0f);
+  w[0] = 1.27f;
+  w[1] = -0.635f;
+  w[64] = -2.54f;
+  w[65] = 0.01f;
+  QuantError err;
+  QMatrix m = QuantizeQ8(w.data(), 1, 128, &err);
+  ASSERT_EQ(m.scales.size(), 2u);
+  EXPECT_EQ(m.scales[0], F32ToBf16(1.27f / 127.0f));
+  EXPECT_EQ(m.scales[1], F32ToBf16(2.54f / 127.0f));
+  const float s0 = Bf16ToF32(m.scales[0]), s1 = Bf16ToF32(m.scales[1]);
+  EXPECT_EQ(m.q[0], static_cast<int8_t>(std::lround(std::min(127.0f, 1.27f / s0))));
+  EXPECT_EQ(m.q[1], static_cast<int8_t>(std::lround(-0.635f / s0)));
+  EXPECT_EQ(m.q[64], static_cast<int8_t>(std::lround(std::max(-127.0f, -2.54f / s1))));
+  EXPECT_EQ(m.q[65], static_cast<int8_t>(std::lround(0.01f / s1)));
+  EXPECT_EQ(m.q[2], 0);
+  // Error bounded by half a step of the bf16-rounded scale (plus clamping at 127).
+  EXPECT_LE(err.max_abs, 0.5 * s1 + 0.01 * 2.54);
+}
+
+TEST(Q8, ZeroGroupHasZeroScale) {
+  std::vector<float> w(64, 0.0f);
+  QMatrix m = QuantizeQ8(w.data(), 1, 64, nullptr);
+  EXPECT_EQ(Bf16ToF32(m.scales[0]), 0.0f);
+  std::vector<float> back(64, 1.0f);
+  DequantizeQ8Row(m, 0, back.data());
+  for (float x : back) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(Q8, RelativeErrorIsSmallOnGaussianWeights) {
+  auto w = RandomVec(64 * 7 * 3, 1);
+  QuantError err;
+  QuantizeQ8(w.data(), 3, 64 * 7, &err);
+  EXPECT_LT(err.rms / err.rms_w, 0.01);  // int8 with per-64 scales: ~0.3% typical
+}
+
+TEST(Ref, MatmulQ8MatchesDequantizedDoubleDot) {
+  const int64_t rows = 5, cols = 192, n = 3;
+  auto w = RandomVec(rows * cols, 2);
+  auto x = RandomVec(n * cols, 3);
+  QMatrix m = QuantizeQ8(w.data(), rows, cols, nullptr);
+  std::vector<float> y(n * rows);
+  ref::MatmulQ8(m, x.data(), n, y.data(), rows, 0, rows);
+  std::vector<float> wr(cols);
+  for (int64_t o = 0; o < rows; ++o) {
+    DequantizeQ8Row(m, o, wr.data());
+    for (int64_t r = 0; r < n; ++r) {
+      double acc = 0;
+      for (int64_t i = 0; i < cols; ++i) acc += static_cast<double>(wr[i]) * x[r * cols + i];
+      EXPECT_NEAR(y[r * rows + o], acc, 1e-4 * (1 + std::fabs(acc)));
+    }
+  }
+}
+
+class VariantTest : public ::testing::TestWithParam<CpuVariant> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupports(GetParam())) GTEST_SKIP() << CpuVariantName(GetParam()) << " not supported on this CPU";
+  }
+};
+
+TEST_P(VariantTest, QuantizeActsMatchesReference) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (int64_t cols : {64, 128, 576, 896}) {
+    for (int64_t rows : {1, 3}) {
+      auto x = RandomVec(rows * cols, static_cast<uint32_t>(cols + rows), 3.0f);
+      x[5] = 0.0f;
+      std::vector<int8_t> q1(rows * cols), q2(rows * cols);
+      std::vector<float> s1(rows * cols / 64), s2(rows * cols / 64);
+      ref::QuantizeActs(x.data(), rows, cols, q1.data(), s1.data());
+      k.quantize_acts(x.data(), rows, cols, q2.data(), s2.data());
+      for (size_t i = 0; i < s1.size(); ++i) EXPECT_FLOAT_EQ(s1[i], s2[i]);
+      int diffs = 0;
+      for (size_t i = 0; i < q1.size(); ++i) {
+        EXPECT_LE(std::abs(q1[i] - q2[i]), 1) << i;  // x*inv may round differently at exact .5 only
+        diffs += q1[i] != q2[i];
+      }
+      EXPECT_LE(diffs, 2);
+    }
+  }
+}
+
+TEST_P(VariantTest, MatmulMatchesIntegerReferenceOnOddSizes) {
+  const KernelTable& k = GetKernels(GetParam());
+  // Output sizes not multiples of anything, row counts 1..11 (exercise the 8-row tiling edges),
+  // a sub-range of outputs as a thread would get.
+  for (int64_t cols : {64, 192, 640}) {
+    for (int64_t out : {1, 7, 33}) {
+      for (int64_t n : {1, 2, 3, 5, 8, 9, 11}) {
+        auto w = RandomVec(out * cols, static_cast<uint32_t>(out * 31 + cols));
+        auto x = RandomVec(n * cols, static_cast<uint32_t>(n * 17 + cols), 2.0f);
+        QMatrix m = QuantizeQ8(w.data(), out, cols, nullptr);
+        std::vector<int8_t> xq(n * cols);
+        std::vector<float> xs(n * cols / 64);
+        ref::QuantizeActs(x.data(), n, cols, xq.data(), xs.data());
+        std::vector<float> y_ref(n * out, -1.0f), y(n * out, -1.0f);
+        const int64_t o0 = out > 2 ? 1 : 0, o1 = out;
+        ref::MatmulQ8Int(m, xq.data(), xs.data(), n, y_ref.data(), out, o0, o1);
+        k.matmul_q8(m, xq.data(), xs.data(), n, y.data(), out, o0, o1);
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t o = 0; o < out; ++o) {
+            const float a = y_ref[r * out + o], b = y[r * out + o];
+            if (o < o0) {
+              EXPECT_EQ(b, -1.0f) << "wrote outside its output range";
+            } else {
+              EXPECT_NEAR(a, b, 1e-4f * (1.0f + std::fabs(a))) << "cols " << cols << " out " << out << " n " << n;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, VariantTest,
+                         ::testing::Values(CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512),
+                         [](const auto& info) { return std::string(CpuVariantName(info.param)); });
+
+TEST(Ref, RopeRotatesPairsAndKeepsNorm) {
+  std::vector<float> v = {1, 0, 0, 1, 1, 0, 0, 1};
+  std::vector<float> neox = v, norm = v;
+  ref::Rope(neox.data(), 8, 3, 10000.0f, true);
+  ref::Rope(norm.data(), 8, 3, 10000.0f, false);
+  // Pair 0 has theta = pos: adjacent layout rotates (v0, v1) = (1, 0) by 3 rad.
+  EXPECT_NEAR(norm[0], std::cos(3.0f), 1e-6);
+  EXPECT_NEAR(norm[1], std::sin(3.0f), 1e-6);
+  // NeoX layout rotates (v0, v4) = (1, 1) by 3 rad.
+  EXPECT_NEAR(neox[0], std::cos(3.0f) - std::sin(3.0f), 1e-6);
+  EXPECT_NEAR(neox[4], std::sin(3.0f) + std::cos(3.0f), 1e-6);
+  double n0 = 0, n1 = 0, n2 = 0;
+  for (int i = 0; i < 8; ++i) { n0 += v[i] * v[i]; n1 += neox[i] * neox[i]; n2 += norm[i] * norm[i]; }
+  EXPECT_NEAR(n0, n1, 1e-5);
+  EXPECT_NEAR(n0, n2, 1e-5);
+}
+
+TEST(Ref, RmsNormAndActivations) {
+  std::vector<float> x = {3, 4}, w = {1, 2}, out(2);
+  ref::RmsNorm(x.data(), w.data(), 2, 0.0f, out.data());
+  const float rms = std::sqrt(12.5f);
+  EXPECT_NEAR(out[0], 3 / rms, 1e-6);
+  EXPECT_NEAR(out[1], 8 / rms, 1e-6);
+  EXPECT_NEAR(ref::Silu(1.0f), 1.0f / (1.0f + std::exp(-1.0f)), 1e-7);
+  EXPECT_NEAR(ref::GeluTanh(1.0f), 0.841192f, 1e-5);  // tanh-approximated GELU(1)
+  std::vector<float> s = {1, 2, 3};
+  ref::Softmax(s.data(), 3);
+  EXPECT_NEAR(s[0] + s[1] + s[2], 1.0f, 1e-6);
+  EXPECT_NEAR(s[2] / s[1], std::exp(1.0f), 1e-5);
+}
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,28 @@
+// Scalar FP32 reference ops: the oracle for every fast kernel and the "reference" side of
+// likelihood qualification. Clear over fast. Shapes in comments: (rows, cols) row-major.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/q8.h"
+
+namespace mr::ref {
+
+// y[r*ldy + o] = sum_i deq(w)[o][i] * x[r*cols + i] for o in [o_begin, o_end). FP32 activations.
+void MatmulQ8(const QMatrix& w, const float* x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+// Same on int8-quantized activations (reference for the integer kernels).
+void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
+                 int64_t o_begin, int64_t o_end);
+// Per row, per 64-group symmetric int8 quantization: scale = amax/127, q = round(x/scale).
+void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
+
+// out = x / rms(x) * w over n elements (out may alias x).
+void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
+// Rotary embedding of one head vector of size head_dim at position pos.
+// neox: rotate pairs (i, i + head_dim/2); otherwise adjacent pairs (2i, 2i+1).
+void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox);
+void Softmax(float* x, int64_t n);
+float Silu(float x);
+float GeluTanh(float x);  // 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))
+
+}  // namespace mr::ref

@@ -1,0 +1,279 @@
+// Scalar dequantization of ggml blocks. Each Dequant* function below follows the block layout of
+// ggml-common.h and the arithmetic (including operation order, so results are bit-identical) of
+// the matching dequantize_row_* in ggml-quants.c. Blocks are read byte-wise (memcpy for the
+// multi-byte fields) because GGUF tensor data is only guaranteed 1-byte aligned per block.
+#include "model/dequant.h"
+
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "base/half.h"
+
+namespace mr {
+namespace {
+
+// ggml type ids (ggml.h); kept local so dequant does not depend on the GGUF reader.
+constexpr uint32_t kTypeF32 = 0;
+constexpr uint32_t kTypeF16 = 1;
+constexpr uint32_t kTypeQ4_0 = 2;
+constexpr uint32_t kTypeQ4_1 = 3;
+constexpr uint32_t kTypeQ5_0 = 6;
+constexpr uint32_t kTypeQ5_1 = 7;
+constexpr uint32_t kTypeQ8_0 = 8;
+constexpr uint32_t kTypeQ4_K = 12;
+constexpr uint32_t kTypeQ5_K = 13;
+constexpr uint32_t kTypeQ6_K = 14;
+constexpr uint32_t kTypeBF16 = 30;
+
+constexpr int64_t kQK = 32;    // elements per block of the legacy quants (QK4_0 ... QK8_0)
+constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
+
+// Block sizes in bytes (sizeof(block_*) in ggml-common.h).
+constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;             // d, qs[16]
+constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;         // d, m, qs[16]
+constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;         // d, qh[4], qs[16]
+constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;     // d, m, qh[4], qs[16]
+constexpr int64_t kQ8_0Bytes = 2 + kQK;                 // d, qs[32]
+constexpr int64_t kQ4_KBytes = 2 + 2 + 12 + kQK_K / 2;  // d, dmin, scales[12], qs[128]
+constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;  // ... qh[32], qs[128]
+constexpr int64_t kQ6_KBytes = kQK_K / 2 + kQK_K / 4 + kQK_K / 16 + 2;  // ql, qh, scales, d
+
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float LoadF16(const uint8_t* p) { return F16ToF32(LoadU16(p)); }
+
+// All 65536 halves as floats: F16 tensors (embeddings, norms in some files) convert in bulk.
+const float* F16Table() {
+  static const std::array<float, 65536>* table = [] {
+    auto* t = new std::array<float, 65536>;
+    for (uint32_t h = 0; h < 65536; ++h) (*t)[h] = F16ToF32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table->data();
+}
+
+void DequantF16(const uint8_t* x, float* y, int64_t n) {
+  const float* table = F16Table();
+  for (int64_t i = 0; i < n; ++i) y[i] = table[LoadU16(x + 2 * i)];
+}
+
+void DequantBF16(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Bf16ToF32(LoadU16(x + 2 * i));
+}
+
+// block_q4_0: y[j] = (lo4(qs[j]) - 8) * d, y[j+16] = (hi4(qs[j]) - 8) * d.
+void DequantQ4_0(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ4_0Bytes, y += kQK) {
+    const float d = LoadF16(x);
+    const uint8_t* qs = x + 2;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
+      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// block_q4_1: y = q * d + m with q in [0, 15].
+void DequantQ4_1(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ4_1Bytes, y += kQK) {
+    const float d = LoadF16(x);
+    const float m = LoadF16(x + 2);
+    const uint8_t* qs = x + 4;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+// block_q5_0: 5-bit q = low nibble | (bit j of qh) << 4 for element j, and
+// high nibble | (bit j+16 of qh) << 4 for element j+16; y = (q - 16) * d.
+void DequantQ5_0(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ5_0Bytes, y += kQK) {
+    const float d = LoadF16(x);
+    const uint32_t qh = LoadU32(x + 2);
+    const uint8_t* qs = x + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4;
+      const int h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      y[j] = static_cast<float>(((qs[j] & 0x0F) | h0) - 16) * d;
+      y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
+    }
+  }
+}
+
+// block_q5_1: as q5_0 without the -16 offset, plus the block minimum m.
+void DequantQ5_1(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ5_1Bytes, y += kQK) {
+    const float d = LoadF16(x);
+    const float m = LoadF16(x + 2);
+    const uint32_t qh = LoadU32(x + 4);
+    const uint8_t* qs = x + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4;
+      const int h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      y[j] = static_cast<float>((qs[j] & 0x0F) | h0) * d + m;
+      y[j + 16] = static_cast<float>((qs[j] >> 4) | h1) * d + m;
+    }
+  }
+}
+
+// block_q8_0: y = int8 q * d.
+void DequantQ8_0(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ8_0Bytes, y += kQK) {
+    const float d = LoadF16(x);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(x + 2);
+    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+// 6-bit scale and min of sub-block j (0..7) from the 12-byte K-quant scales array
+// (get_scale_min_k4): sub-blocks 0..3 keep their 6 bits in the low bits of bytes j and j+4;
+// sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j+4 and their top 2 bits in
+// the top bits of bytes j-4 (scale) and j (min).
+inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// block_q4_K: 8 sub-blocks of 32; sub-block s: y = d*sc[s] * q - dmin*m[s]. Each run of 32
+// bytes of qs holds sub-block 2k in its low nibbles and sub-block 2k+1 in its high nibbles.
+void DequantQ4_K(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ4_KBytes) {
+    const float d = LoadF16(x);
+    const float dmin = LoadF16(x + 2);
+    const uint8_t* scales = x + 4;
+    const uint8_t* q = x + 16;
+    for (int is = 0; is < 8; is += 2, q += 32) {
+      uint8_t sc, m;
+      ScaleMinK4(is, scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      ScaleMinK4(is + 1, scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+// block_q5_K: as q4_K plus a fifth bit per element from qh[32]: for sub-block s, element l of
+// the sub-block takes bit s of qh[l].
+void DequantQ5_K(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ5_KBytes) {
+    const float d = LoadF16(x);
+    const float dmin = LoadF16(x + 2);
+    const uint8_t* scales = x + 4;
+    const uint8_t* qh = x + 16;
+    const uint8_t* ql = x + 48;
+    uint8_t u1 = 1, u2 = 2;
+    for (int is = 0; is < 8; is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+      uint8_t sc, m;
+      ScaleMinK4(is, scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      ScaleMinK4(is + 1, scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) {
+        *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
+      }
+      for (int l = 0; l < 32; ++l) {
+        *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+      }
+    }
+  }
+}
+
+// block_q6_K: 16 sub-blocks of 16 with int8 scales; 6-bit q = 4 bits of ql | 2 bits of qh,
+// y = d * sc * (q - 32). Each half (128 elements) uses 64 bytes of ql, 32 of qh, 8 scales:
+// element l + 32*k (k = 0..3) takes ql[l + 32*(k&1)] nibble (k>>1) and qh[l] bits 2k..2k+1.
+void DequantQ6_K(const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQ6_KBytes) {
+    const uint8_t* ql = x;
+    const uint8_t* qh = x + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
+    const float d = LoadF16(x + 208);
+    for (int n = 0; n < kQK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+int64_t BlockElems(uint32_t type) {
+  switch (type) {
+    case kTypeF32:
+    case kTypeF16:
+    case kTypeBF16:
+      return 1;
+    case kTypeQ4_0:
+    case kTypeQ4_1:
+    case kTypeQ5_0:
+    case kTypeQ5_1:
+    case kTypeQ8_0:
+      return kQK;
+    case kTypeQ4_K:
+    case kTypeQ5_K:
+    case kTypeQ6_K:
+      return kQK_K;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+bool CanDequantize(uint32_t type) { return BlockElems(type) != 0; }
+
+Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
+  const int64_t block = BlockElems(type);
+  if (block == 0) {
+    return Unsupported("[dequant] unsupported tensor type id " + std::to_string(type));
+  }
+  if (n < 0 || n % block != 0) {
+    return InvalidArgument("[dequant] element count " + std::to_string(n) +
+                           " is not a multiple of the block size " + std::to_string(block) +
+                           " (type id " + std::to_string(type) + ")");
+  }
+  if (n == 0) return Status::Ok();
+  const auto* x = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / block;
+  switch (type) {
+    case kTypeF32: std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float)); break;
+    case kTypeF16: DequantF16(x, dst, n); break;
+    case kTypeBF16: DequantBF16(x, dst, n); break;
+    case kTypeQ4_0: DequantQ4_0(x, dst, nb); break;
+    case kTypeQ4_1: DequantQ4_1(x, dst, nb); break;
+    case kTypeQ5_0: DequantQ5_0(x, dst, nb); break;
+    case kTypeQ5_1: DequantQ5_1(x, dst, nb); break;
+    case kTypeQ8_0: DequantQ8_0(x, dst, nb); break;
+    case kTypeQ4_K: DequantQ4_K(x, dst, nb); break;
+    case kTypeQ5_K: DequantQ5_K(x, dst, nb); break;
+    case kTypeQ6_K: DequantQ6_K(x, dst, nb); break;
+    default: return Internal("[dequant] unreachable type " + std::to_string(type));
+  }
+  return Status::Ok();
+}
+
+}  // namespace mr

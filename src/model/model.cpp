@@ -1,0 +1,359 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/half.h"
+#include "base/log.h"
+#include "kernels/ref/ops_ref.h"
+#include "model/dequant.h"
+#include "model/gguf.h"
+
+namespace mr {
+
+size_t KvCache::bytes() const {
+  size_t b = 0;
+  for (const auto& x : k) b += x.size() * 2;
+  for (const auto& x : v) b += x.size() * 2;
+  return b;
+}
+
+Model::Model() = default;
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOptions& opts) {
+  std::unique_ptr<Model> m(new Model());
+  MR_ASSIGN_OR_RETURN(m->file_, gguf::GgufFile::Open(path));
+  const gguf::GgufFile& f = *m->file_;
+  const std::string arch = f.GetString("general.architecture").value_or("");
+  if (arch == "llama") {
+    MR_RETURN_IF_ERROR(ReadLlamaConfig(f, &m->cfg_));
+  } else if (arch == "qwen2") {
+    MR_RETURN_IF_ERROR(ReadQwen2Config(f, &m->cfg_));
+  } else if (arch == "gemma3") {
+    MR_RETURN_IF_ERROR(ReadGemma3Config(f, &m->cfg_));
+  } else {
+    return Unsupported("[model] architecture '" + arch + "' is not supported (supported: llama, qwen2, gemma3)");
+  }
+  m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
+  const char* path_env = std::getenv("MERERUN_PATH");
+  m->ref_path_ = opts.ref_path || (path_env && std::strcmp(path_env, "ref") == 0);
+  m->kernels_ = &GetKernels(opts.cpu);
+  MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
+  MR_RETURN_IF_ERROR(m->LoadWeights());
+  MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB Q8 weights, %s path, %s, %d threads",
+          path.c_str(), arch.c_str(), (long long)m->cfg_.n_layer, (long long)m->cfg_.d_model, (long long)m->cfg_.n_head,
+          (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0,
+          m->ref_path_ ? "reference" : "fast", CpuVariantName(m->kernels_->variant), m->pool_->size());
+  return m;
+}
+
+namespace {
+
+Status FindTensor(const gguf::GgufFile& f, const std::string& name, const gguf::TensorInfo** out) {
+  *out = f.FindTensor(name);
+  if (!*out) return InvalidArgument("[model] missing tensor '" + name + "'");
+  return Status::Ok();
+}
+
+Status CheckShape(const gguf::TensorInfo& t, int64_t cols, int64_t rows) {
+  const int64_t got_rows = t.rows();
+  if (t.cols() != cols || got_rows != rows) {
+    return InvalidArgument("[model] tensor '" + t.name + "': shape (" + std::to_string(got_rows) + ", " +
+                           std::to_string(t.cols()) + "), expected (" + std::to_string(rows) + ", " +
+                           std::to_string(cols) + ")");
+  }
+  return Status::Ok();
+}
+
+Status LoadVector(const gguf::GgufFile& f, const std::string& name, int64_t n, std::vector<float>* out) {
+  const gguf::TensorInfo* t;
+  MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
+  if (t->n_elements != n) {
+    return InvalidArgument("[model] tensor '" + name + "': " + std::to_string(t->n_elements) + " elements, expected " +
+                           std::to_string(n));
+  }
+  out->resize(n);
+  return DequantizeRow(t->type, t->data, out->data(), n);
+}
+
+}  // namespace
+
+Status Model::LoadWeights() {
+  const gguf::GgufFile& f = *file_;
+  const ModelConfig& c = cfg_;
+  // Convert a GGUF matrix (rows outputs of cols inputs) to Q8/g64, in row chunks so peak
+  // memory stays small, chunks spread over the pool.
+  auto load_matrix = [&](const std::string& name, int64_t rows, int64_t cols, QMatrix* out) -> Status {
+    const gguf::TensorInfo* t;
+    MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
+    MR_RETURN_IF_ERROR(CheckShape(*t, cols, rows));
+    if (!CanDequantize(t->type)) {
+      return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
+    }
+    if (cols % kQ8Group != 0) {
+      return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) + " is not a multiple of 64");
+    }
+    const gguf::TypeTraits* tr = gguf::GetTypeTraits(t->type);
+    const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
+    out->rows = rows;
+    out->cols = cols;
+    out->q.resize(static_cast<size_t>(rows * cols));
+    out->scales.resize(static_cast<size_t>(rows * (cols / kQ8Group)));
+    constexpr int64_t kChunk = 64;
+    const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
+    std::vector<Status> errors(pool_->size());
+    std::vector<double> err_sq(pool_->size(), 0), w_sq(pool_->size(), 0), err_max(pool_->size(), 0);
+    pool_->ParallelFor(n_chunks, [&](int64_t b, int64_t e, int th) {
+      std::vector<float> buf(static_cast<size_t>(kChunk * cols));
+      for (int64_t ch = b; ch < e; ++ch) {
+        const int64_t r0 = ch * kChunk, nr = std::min(kChunk, rows - r0);
+        for (int64_t r = 0; r < nr; ++r) {
+          Status st = DequantizeRow(t->type, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
+          if (!st.ok()) { errors[th] = st; return; }
+        }
+        QuantError qe;
+        QMatrix part = QuantizeQ8(buf.data(), nr, cols, &qe);
+        std::memcpy(out->q.data() + r0 * cols, part.q.data(), part.q.size());
+        std::memcpy(out->scales.data() + r0 * (cols / kQ8Group), part.scales.data(), part.scales.size() * 2);
+        const double n = static_cast<double>(nr * cols);
+        err_sq[th] += qe.rms * qe.rms * n;
+        w_sq[th] += qe.rms_w * qe.rms_w * n;
+        err_max[th] = std::max(err_max[th], qe.max_abs);
+      }
+    });
+    for (const Status& st : errors) MR_RETURN_IF_ERROR(st);
+    if (MR_LOG_ENABLED(kDebug)) {
+      double es = 0, ws = 0, em = 0;
+      for (size_t i = 0; i < err_sq.size(); ++i) { es += err_sq[i]; ws += w_sq[i]; em = std::max(em, err_max[i]); }
+      const double n = static_cast<double>(rows * cols);
+      MR_LOGD("convert", "%-28s %-5s -> q8/g64: max err %.3g, rms err %.3g (%.3f%% of rms w)", name.c_str(),
+              gguf::TypeName(t->type).c_str(), em, std::sqrt(es / n), 100.0 * std::sqrt(es / ws));
+    }
+    return Status::Ok();
+  };
+
+  const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  MR_RETURN_IF_ERROR(load_matrix("token_embd.weight", c.n_vocab, d, &w_.tok_embd));
+  MR_RETURN_IF_ERROR(LoadVector(f, "output_norm.weight", d, &w_.output_norm));
+  if (f.FindTensor("output.weight")) {
+    MR_RETURN_IF_ERROR(load_matrix("output.weight", c.n_vocab, d, &w_.output));
+  } else {
+    cfg_.tied_embeddings = true;
+  }
+  w_.layers.resize(c.n_layer);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    LayerWeights& L = w_.layers[l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_norm.weight", d, &L.attn_norm));
+    MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_norm.weight", d, &L.ffn_norm));
+    MR_RETURN_IF_ERROR(load_matrix(p + "attn_q.weight", q_dim, d, &L.wq));
+    MR_RETURN_IF_ERROR(load_matrix(p + "attn_k.weight", kv_dim, d, &L.wk));
+    MR_RETURN_IF_ERROR(load_matrix(p + "attn_v.weight", kv_dim, d, &L.wv));
+    MR_RETURN_IF_ERROR(load_matrix(p + "attn_output.weight", d, q_dim, &L.wo));
+    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_gate.weight", c.d_ff, d, &L.w_gate));
+    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_up.weight", c.d_ff, d, &L.w_up));
+    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_down.weight", d, c.d_ff, &L.w_down));
+    if (c.qkv_bias) {
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_q.bias", q_dim, &L.bq));
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k.bias", kv_dim, &L.bk));
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_v.bias", kv_dim, &L.bv));
+    }
+    if (c.qk_norm) {
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_q_norm.weight", hd, &L.q_norm));
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k_norm.weight", hd, &L.k_norm));
+    }
+    if (c.post_norms) {
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "post_attention_norm.weight", d, &L.post_attn_norm));
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "post_ffw_norm.weight", d, &L.post_ffn_norm));
+    }
+  }
+  return Status::Ok();
+}
+
+size_t Model::weight_bytes() const {
+  size_t b = w_.output.bytes() + (cfg_.tied_embeddings ? w_.tok_embd.bytes() : 0);
+  for (const LayerWeights& L : w_.layers) {
+    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
+  }
+  return b;
+}
+
+KvCache Model::NewKvCache(int64_t n_ctx) const {
+  KvCache kv;
+  kv.n_ctx = n_ctx;
+  kv.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
+  kv.k.resize(cfg_.n_layer);
+  kv.v.resize(cfg_.n_layer);
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    kv.k[l].assign(static_cast<size_t>(n_ctx * kv.kv_dim), 0);
+    kv.v[l].assign(static_cast<size_t>(n_ctx * kv.kv_dim), 0);
+  }
+  return kv;
+}
+
+void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
+  qa_.Resize(n_rows, cols);
+  const int64_t groups = cols / kQ8Group;
+  pool_->ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
+    kernels_->quantize_acts(x + b * cols, e - b, cols, qa_.q.data() + b * cols, qa_.scales.data() + b * groups);
+  });
+}
+
+void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
+  pool_->ParallelFor(w.rows, [&](int64_t b, int64_t e, int) {
+    kernels_->matmul_q8(w, qa_.q.data(), qa_.scales.data(), n_rows, y, w.rows, b, e);
+  });
+}
+
+// y (n_rows, w.rows) = x (n_rows, w.cols) · wᵀ.
+void Model::Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y) {
+  if (ref_path_) {
+    pool_->ParallelFor(w.rows, [&](int64_t b, int64_t e, int) { ref::MatmulQ8(w, x, n_rows, y, w.rows, b, e); });
+    return;
+  }
+  QuantizeInput(x, n_rows, w.cols);
+  MatmulQuantized(w, n_rows, y);
+}
+
+// out (n, n_head*hd): causal attention of q rows at positions pos0.. over the cache.
+void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
+  const ModelConfig& c = cfg_;
+  const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
+  const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
+  const uint16_t* K = kv.k[layer].data();
+  const uint16_t* V = kv.v[layer].data();
+  const int64_t n_ctx = kv.n_ctx;
+  att_.resize(static_cast<size_t>(pool_->size() * (n_ctx + hd)));
+  pool_->ParallelFor(n * c.n_head, [&](int64_t b, int64_t e, int th) {
+    float* scores = att_.data() + th * (n_ctx + hd);
+    float* acc = scores + n_ctx;
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t t = job / c.n_head, h = job % c.n_head, kh = h / group;
+      const int64_t p = pos0 + t;
+      const int64_t lo = swa ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
+      const float* qv = q + t * q_dim + h * hd;
+      for (int64_t j = lo; j <= p; ++j) {
+        const uint16_t* kr = K + j * kv.kv_dim + kh * hd;
+        float s = 0;
+        for (int64_t i = 0; i < hd; ++i) s += qv[i] * Bf16ToF32(kr[i]);
+        scores[j - lo] = s * c.attn_scale;
+      }
+      ref::Softmax(scores, p - lo + 1);
+      std::fill(acc, acc + hd, 0.0f);
+      for (int64_t j = lo; j <= p; ++j) {
+        const uint16_t* vr = V + j * kv.kv_dim + kh * hd;
+        const float wj = scores[j - lo];
+        for (int64_t i = 0; i < hd; ++i) acc[i] += wj * Bf16ToF32(vr[i]);
+      }
+      std::memcpy(out + t * q_dim + h * hd, acc, hd * sizeof(float));
+    }
+  });
+}
+
+Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
+  const ModelConfig& c = cfg_;
+  if (n <= 0) return InvalidArgument("[model] Forward called with no tokens");
+  const int64_t pos0 = kv.n_past;
+  if (pos0 + n > kv.n_ctx) {
+    return OutOfRange("[model] context overflow: " + std::to_string(pos0 + n) + " positions > " + std::to_string(kv.n_ctx));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) {
+      return InvalidArgument("[model] token id " + std::to_string(tokens[t]) + " out of range [0, " + std::to_string(c.n_vocab) + ")");
+    }
+  }
+  const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  x_.resize(n * d);
+  h_.resize(n * std::max(d, q_dim));
+  q_.resize(n * q_dim);
+  k_.resize(n * kv_dim);
+  v_.resize(n * kv_dim);
+  tmp_.resize(n * std::max(d, q_dim));
+  gate_.resize(n * c.d_ff);
+  up_.resize(n * c.d_ff);
+
+  for (int64_t t = 0; t < n; ++t) {
+    DequantizeQ8Row(w_.tok_embd, tokens[t], x_.data() + t * d);
+    if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) x_[t * d + i] *= c.embed_scale;
+  }
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    for (int64_t t = 0; t < n; ++t) ref::RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, c.rms_eps, h_.data() + t * d);
+    if (ref_path_) {
+      Matmul(L.wq, h_.data(), n, q_.data());
+      Matmul(L.wk, h_.data(), n, k_.data());
+      Matmul(L.wv, h_.data(), n, v_.data());
+    } else {  // quantize the normed input once for q, k and v
+      QuantizeInput(h_.data(), n, d);
+      MatmulQuantized(L.wq, n, q_.data());
+      MatmulQuantized(L.wk, n, k_.data());
+      MatmulQuantized(L.wv, n, v_.data());
+    }
+    const bool swa = c.layer_is_swa[l];
+    const float base = swa ? c.rope_base_swa : c.rope_base;
+    for (int64_t t = 0; t < n; ++t) {
+      float* qr = q_.data() + t * q_dim;
+      float* kr = k_.data() + t * kv_dim;
+      float* vr = v_.data() + t * kv_dim;
+      if (c.qkv_bias) {
+        for (int64_t i = 0; i < q_dim; ++i) qr[i] += L.bq[i];
+        for (int64_t i = 0; i < kv_dim; ++i) { kr[i] += L.bk[i]; vr[i] += L.bv[i]; }
+      }
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        if (c.qk_norm) ref::RmsNorm(qr + h * hd, L.q_norm.data(), hd, c.rms_eps, qr + h * hd);
+        ref::Rope(qr + h * hd, hd, pos0 + t, base, c.rope_neox);
+      }
+      for (int64_t h = 0; h < c.n_head_kv; ++h) {
+        if (c.qk_norm) ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
+        ref::Rope(kr + h * hd, hd, pos0 + t, base, c.rope_neox);
+      }
+      uint16_t* kc = kv.k[l].data() + (pos0 + t) * kv_dim;
+      uint16_t* vc = kv.v[l].data() + (pos0 + t) * kv_dim;
+      for (int64_t i = 0; i < kv_dim; ++i) { kc[i] = F32ToBf16(kr[i]); vc[i] = F32ToBf16(vr[i]); }
+    }
+    Attention(kv, l, pos0, n, q_.data(), h_.data());
+    Matmul(L.wo, h_.data(), n, tmp_.data());
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = tmp_.data() + t * d;
+      if (c.post_norms) ref::RmsNorm(o, L.post_attn_norm.data(), d, c.rms_eps, o);
+      for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
+      ref::RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, c.rms_eps, h_.data() + t * d);
+    }
+    if (ref_path_) {
+      Matmul(L.w_gate, h_.data(), n, gate_.data());
+      Matmul(L.w_up, h_.data(), n, up_.data());
+    } else {
+      QuantizeInput(h_.data(), n, d);
+      MatmulQuantized(L.w_gate, n, gate_.data());
+      MatmulQuantized(L.w_up, n, up_.data());
+    }
+    const int64_t ff = c.d_ff;
+    pool_->ParallelFor(n * ff, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const float g = gate_[i];
+        gate_[i] = (c.act == Activation::kSilu ? ref::Silu(g) : ref::GeluTanh(g)) * up_[i];
+      }
+    });
+    Matmul(L.w_down, gate_.data(), n, tmp_.data());
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = tmp_.data() + t * d;
+      if (c.post_norms) ref::RmsNorm(o, L.post_ffn_norm.data(), d, c.rms_eps, o);
+      for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
+    }
+  }
+
+  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  for (int64_t t = 0; t < n_out; ++t) {
+    ref::RmsNorm(x_.data() + (first + t) * d, w_.output_norm.data(), d, c.rms_eps, h_.data() + t * d);
+  }
+  const QMatrix& out = c.tied_embeddings ? w_.tok_embd : w_.output;
+  Matmul(out, h_.data(), n_out, logits);
+  kv.n_past = pos0 + n;
+  return Status::Ok();
+}
+
+}  // namespace mr

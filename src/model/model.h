@@ -1,0 +1,132 @@
+// A loaded model: hyperparameters, Q8/g64 weights, tokenizer, and the forward pass over a
+// KV cache. Architectures (one file each: arch_llama.cpp, arch_qwen2.cpp, arch_gemma3.cpp)
+// read their hyperparameters and describe their block; transformer.cpp runs the shared ops.
+//
+// Thread-safety: Forward mutates the KV cache and internal workspaces: call it from one
+// thread (the engine thread). The model itself is read-only after Load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "kernels/ops.h"
+#include "kernels/q8.h"
+#include "model/tokenizer.h"
+
+namespace mr {
+namespace gguf { class GgufFile; }
+
+enum class Arch { kLlama, kQwen2, kGemma3 };
+enum class Activation { kSilu, kGeluTanh };
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string arch_name;
+  int64_t n_layer = 0;
+  int64_t d_model = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t d_ff = 0;
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+  float rope_base = 10000.0f;        // global layers
+  float rope_base_swa = 10000.0f;    // sliding-window layers (gemma3)
+  bool rope_neox = false;            // rotate (i, i+d/2) pairs instead of (2i, 2i+1)
+  int64_t sliding_window = 0;        // 0: none
+  std::vector<bool> layer_is_swa;    // per layer
+  float attn_scale = 0.0f;           // multiplies q·k
+  float embed_scale = 1.0f;          // gemma3: sqrt(d_model)
+  bool qkv_bias = false;             // qwen2
+  bool qk_norm = false;              // gemma3: RMSNorm over each q/k head
+  bool post_norms = false;           // gemma3: norms after attention and FFN outputs
+  Activation act = Activation::kSilu;
+  bool tied_embeddings = false;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;        // (d_model)
+  std::vector<float> post_attn_norm, post_ffn_norm;  // gemma3 (d_model)
+  std::vector<float> q_norm, k_norm;             // gemma3 (head_dim)
+  std::vector<float> bq, bk, bv;                 // qwen2 biases
+  QMatrix wq, wk, wv, wo;                        // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
+  QMatrix w_gate, w_up, w_down;                  // (ff, d) (ff, d) (d, ff)
+};
+
+struct ModelWeights {
+  QMatrix tok_embd;  // (n_vocab, d_model); rows are dequantized on lookup
+  std::vector<float> output_norm;
+  QMatrix output;    // (n_vocab, d_model); empty when tied (tok_embd is used)
+  std::vector<LayerWeights> layers;
+};
+
+// Per-sequence KV cache in BF16. k[l], v[l]: (n_ctx, n_head_kv * head_dim).
+struct KvCache {
+  int64_t n_ctx = 0;
+  int64_t kv_dim = 0;
+  int64_t n_past = 0;  // positions filled
+  std::vector<std::vector<uint16_t>> k, v;
+  size_t bytes() const;
+};
+
+struct LoadOptions {
+  int n_threads = 0;      // 0: ThreadPool::DefaultThreads()
+  bool ref_path = false;  // scalar FP32 reference matmuls (MERERUN_PATH=ref sets it)
+  CpuVariant cpu = SelectedCpuVariant();
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, const LoadOptions& opts);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::GgufFile& file() const { return *file_; }
+  size_t weight_bytes() const;  // bytes of converted weights read per token
+  bool ref_path() const { return ref_path_; }
+  CpuVariant cpu_variant() const { return kernels_->variant; }
+  int n_threads() const { return pool_->size(); }
+
+  KvCache NewKvCache(int64_t n_ctx) const;
+
+  // Run tokens[0..n) at positions kv.n_past .. kv.n_past+n-1, appending to the cache.
+  // logits: if all_logits, (n, n_vocab) for every row; else (n_vocab) for the last row.
+  // Fails (without touching the cache) when the context would overflow.
+  Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits);
+
+ private:
+  Model();
+  Status LoadWeights();
+  void Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y);
+  void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
+  void MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y);
+  void Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  std::unique_ptr<gguf::GgufFile> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ThreadPool> pool_;
+  bool ref_path_ = false;
+  const KernelTable* kernels_ = nullptr;
+  // Workspaces, grown on demand.
+  QActs qa_;
+  const float* qa_src_ = nullptr;
+  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+
+};
+
+// Architecture hyperparameter readers (one file each).
+Status ReadLlamaConfig(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
+// Common keys shared by all architectures ({arch}.block_count, ...).
+Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);
+
+}  // namespace mr

@@ -1,0 +1,414 @@
+// Tokenizer tests. The fixtures in tests/fixtures/tokenizer/ hold llama.cpp's own ids for
+// ~2000 strings per tokenizer (tools/llamacpp/tokenize_fixture.mjs); every id must match. The
+// fixture tests skip when the model file is absent (see model/test_models.h).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
+#include "model/test_models.h"
+#include "model/tokenizer.h"
+#include "model/unicode.h"
+
+namespace mr {
+namespace {
+
+using nlohmann::json;
+
+std::string FixturePath(const std::string& name) {
+  return std::string(MERERUN_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name;
+}
+
+json LoadJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return json();
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+std::string Show(const std::vector<TokenId>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  s += ']';
+  return s;
+}
+
+struct ModelCase {
+  const char* fixture;          // file in tests/fixtures/tokenizer/
+  std::vector<const char*> names;  // catalog name first, then development aliases
+};
+
+std::ostream& operator<<(std::ostream& os, const ModelCase& m) { return os << m.names[0]; }
+
+// Model file, fixture and tokenizer of one model, loaded once for all its tests.
+struct Loaded {
+  std::string error;  // non-empty: loading failed
+  json fixture;
+  std::unique_ptr<Tokenizer> tok;
+};
+
+const Loaded& LoadModel(const ModelCase& mc, const std::string& path) {
+  static std::map<std::string, Loaded> cache;
+  auto [it, inserted] = cache.try_emplace(path);
+  Loaded& l = it->second;
+  if (!inserted) return l;
+  l.fixture = LoadJson(FixturePath(mc.fixture));
+  if (!l.fixture.is_object()) {
+    l.error = std::string("cannot read fixture ") + mc.fixture;
+    return l;
+  }
+  auto file = gguf::GgufFile::Open(path);
+  if (!file.ok()) {
+    l.error = file.status().message();
+    return l;
+  }
+  auto tok = Tokenizer::FromGguf(*file.value());  // the tokenizer copies what it needs
+  if (!tok.ok()) {
+    l.error = tok.status().message();
+    return l;
+  }
+  l.tok = std::move(tok).value();
+  return l;
+}
+
+class TokenizerFixtureTest : public ::testing::TestWithParam<ModelCase> {
+ protected:
+  void SetUp() override {
+    const ModelCase& mc = GetParam();
+    std::string path = FindModelFile(mc.names[0]);
+    for (size_t i = 1; path.empty() && i < mc.names.size(); ++i) path = FindModelFile(mc.names[i]);
+    if (path.empty()) GTEST_SKIP() << "model file " << mc.names[0] << " not found";
+    const Loaded& l = LoadModel(mc, path);
+    ASSERT_TRUE(l.error.empty()) << l.error;
+    fixture_ = &l.fixture;
+    tok_ = l.tok.get();
+  }
+
+  const json& fixture() const { return *fixture_; }
+
+  const json* fixture_ = nullptr;
+  const Tokenizer* tok_ = nullptr;
+};
+
+TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
+  const json& cases = fixture()["cases"];
+  ASSERT_GE(cases.size(), 1000u);
+  size_t n_plain = 0, n_special = 0, mismatches = 0;
+  std::string report;
+  for (const json& c : cases) {
+    const std::string text = c["text"];
+    const bool parse_special = c["parse_special"];
+    const std::vector<TokenId> want = c["ids"].get<std::vector<TokenId>>();
+    const std::vector<TokenId> got = tok_->Encode(text, /*add_special=*/false, parse_special);
+    (parse_special ? n_special : n_plain)++;
+    if (got != want) {
+      if (++mismatches <= 10) {
+        report += "\n  text=" + json(text).dump() + " parse_special=" + std::to_string(parse_special) +
+                  "\n    want " + Show(want) + "\n    got  " + Show(got);
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << GetParam() << ": " << mismatches << " of " << cases.size()
+                            << " cases differ from llama.cpp (" << n_plain << " plain, "
+                            << n_special << " parse_special)" << report;
+}
+
+TEST_P(TokenizerFixtureTest, DecodeMatchesLlamaCppAndRoundTrips) {
+  size_t mismatches = 0, round_trip_failures = 0;
+  std::string report;
+  for (const json& c : fixture()["cases"]) {
+    const std::string text = c["text"];
+    const bool parse_special = c["parse_special"];
+    const std::vector<TokenId> ids = c["ids"].get<std::vector<TokenId>>();
+    // llama_detokenize(remove_special=false, unparse_special=parse_special)
+    const std::string want = c.contains("detok") ? c["detok"].get<std::string>() : text;
+    const std::string got = tok_->Decode(ids, parse_special);
+    if (got != want && ++mismatches <= 10) {
+      report += "\n  ids=" + Show(ids) + "\n    want " + json(want).dump() + "\n    got  " + json(got).dump();
+    }
+    // Round trip of our own encoding (with special tokens rendered when they were parsed).
+    if (!c.contains("detok") && tok_->Decode(tok_->Encode(text, false, parse_special), parse_special) != text) {
+      ++round_trip_failures;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << GetParam() << ": " << mismatches << " detokenizations differ" << report;
+  EXPECT_EQ(round_trip_failures, 0u) << GetParam();
+}
+
+TEST_P(TokenizerFixtureTest, VocabularyPropertiesMatchLlamaCpp) {
+  const json& v = fixture()["vocab"];
+  ASSERT_TRUE(v.is_object());
+  EXPECT_EQ(tok_->vocab_size(), fixture()["tokenizer"]["n_vocab"].get<int32_t>());
+  EXPECT_EQ(tok_->bos_id(), v["bos"].is_null() ? -1 : v["bos"].get<TokenId>());
+  EXPECT_EQ(tok_->eos_id(), v["eos"].is_null() ? -1 : v["eos"].get<TokenId>());
+
+  std::vector<TokenId> eog;
+  for (TokenId id = 0; id < tok_->vocab_size(); ++id) {
+    if (tok_->IsEndOfGeneration(id)) eog.push_back(id);
+  }
+  EXPECT_EQ(Show(eog), Show(v["eog_ids"].get<std::vector<TokenId>>()));
+
+  // Attribute masks (llama_token_attr bits) of every token that is not plain normal.
+  std::map<TokenId, int> want_attrs;
+  for (const json& a : v["attrs"]) want_attrs[a[0].get<TokenId>()] = a[1].get<int>();
+  size_t attr_mismatches = 0;
+  std::string report;
+  for (TokenId id = 0; id < tok_->vocab_size(); ++id) {
+    auto it = want_attrs.find(id);
+    const int mask = it == want_attrs.end() ? 4 : it->second;
+    TokenAttr expected = TokenAttr::kNormal;
+    if (mask & 2) expected = TokenAttr::kUnused;
+    else if (mask & 8) expected = TokenAttr::kControl;
+    else if (mask & 16) expected = TokenAttr::kUserDefined;
+    else if (mask & 32) expected = TokenAttr::kByte;
+    else if (mask & 1) expected = TokenAttr::kUnknown;
+    if (tok_->attr(id) != expected && ++attr_mismatches <= 5) {
+      report += " id " + std::to_string(id) + " '" + tok_->text(id) + "' mask " + std::to_string(mask);
+    }
+  }
+  EXPECT_EQ(attr_mismatches, 0u) << report;
+
+  // add_special prepends BOS / appends EOS exactly when llama.cpp would.
+  const bool add_bos = v["add_bos"].get<bool>();
+  const bool add_eos = v["add_eos"].get<bool>();
+  const std::vector<TokenId> plain = tok_->Encode("Hello world", false, false);
+  std::vector<TokenId> want = plain;
+  if (add_bos) want.insert(want.begin(), tok_->bos_id());
+  if (add_eos) want.push_back(tok_->eos_id());
+  EXPECT_EQ(Show(tok_->Encode("Hello world", true, false)), Show(want));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TokenizerFixtureTest,
+    ::testing::Values(
+        ModelCase{"SmolLM2-135M-Instruct.Q4_1.json", {"SmolLM2-135M-Instruct.Q4_1.gguf"}},
+        ModelCase{"gemma-3-270m-q4_k_m.json", {"gemma-3-270m-q4_k_m.gguf"}},
+        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-q4.gguf", "qwen05.gguf"}},
+        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}}),
+    [](const ::testing::TestParamInfo<ModelCase>& info) {
+      std::string n = info.param.names[0];
+      for (char& c : n) {
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return n;
+    });
+
+// ---------------------------------------------------------------------------------------------
+// Unit tests without model files.
+
+TEST(UnicodeTest, Categories) {
+  using namespace unicode;
+  EXPECT_EQ(CategoryOf('a'), kLetter);
+  EXPECT_EQ(CategoryOf('7'), kNumber);
+  EXPECT_EQ(CategoryOf(' '), kSeparator);
+  EXPECT_EQ(CategoryOf('$'), kSymbol);
+  EXPECT_EQ(CategoryOf('!'), kPunctuation);
+  EXPECT_EQ(CategoryOf(0x0301), kMark);         // combining acute
+  EXPECT_EQ(CategoryOf(0x0663), kNumber);       // Arabic-Indic three
+  EXPECT_EQ(CategoryOf(0x4e2d), kLetter);       // 中
+  EXPECT_EQ(CategoryOf(0x1f600), kSymbol);      // 😀
+  EXPECT_EQ(CategoryOf(0x200d), kControl);      // ZWJ (Cf)
+  EXPECT_EQ(CategoryOf(0x0378), kUndefined);    // unassigned
+  EXPECT_EQ(CategoryOf(0x2ffc), kSymbol);       // new in Unicode 15.1
+  EXPECT_EQ(CategoryOf(0x110000), kUndefined);
+  EXPECT_TRUE(IsWhitespace(0x3000));
+  EXPECT_TRUE(IsWhitespace('\n'));
+  EXPECT_FALSE(IsWhitespace(0x200b));           // zero width space is not \s
+  EXPECT_STREQ(kUnicodeVersion, "15.1.0");
+}
+
+TEST(UnicodeTest, DecodeUtf8LikeLlamaCpp) {
+  using unicode::DecodeUtf8;
+  EXPECT_EQ(DecodeUtf8("a\xc3\xa9"), (std::vector<uint32_t>{'a', 0xe9}));
+  EXPECT_EQ(DecodeUtf8("\xf0\x9f\x98\x80"), (std::vector<uint32_t>{0x1f600}));
+  EXPECT_EQ(DecodeUtf8("\x80z"), (std::vector<uint32_t>{0xfffd, 'z'}));        // stray continuation
+  EXPECT_EQ(DecodeUtf8("\xe4\xb8"), (std::vector<uint32_t>{0xfffd, 0xfffd}));  // truncated
+  EXPECT_EQ(DecodeUtf8("\xff"), (std::vector<uint32_t>{0xfffd}));
+}
+
+TEST(UnicodeTest, ByteMappingIsABijection) {
+  for (int b = 0; b < 256; ++b) {
+    const std::vector<uint32_t> cpts = unicode::DecodeUtf8(unicode::ByteToUnicode(static_cast<uint8_t>(b)));
+    ASSERT_EQ(cpts.size(), 1u);
+    EXPECT_EQ(unicode::UnicodeToByte(cpts[0]), b);
+  }
+  EXPECT_EQ(unicode::ByteToUnicode(' '), "\xc4\xa0");  // Ġ
+  EXPECT_EQ(unicode::ByteToUnicode('\n'), "\xc4\x8a");  // Ċ
+  EXPECT_EQ(unicode::UnicodeToByte('A'), 'A');
+  EXPECT_EQ(unicode::UnicodeToByte(0x4e2d), -1);
+}
+
+std::vector<std::string> Split(unicode::PreSplit kind, const std::string& text) {
+  const std::vector<uint32_t> cpts = unicode::DecodeUtf8(text);
+  std::vector<std::string> words;
+  size_t start = 0;
+  for (size_t len : unicode::PreTokenize(kind, cpts)) {
+    std::string w;
+    for (size_t i = start; i < start + len; ++i) unicode::AppendUtf8(cpts[i], &w);
+    words.push_back(w);
+    start += len;
+  }
+  return words;
+}
+
+using Words = std::vector<std::string>;
+
+TEST(PreTokenizeTest, Gpt2) {
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt2, "Hello world's  end 123 ..."),
+            (Words{"Hello", " world", "'s", " ", " end", " 123", " ..."}));
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt2, "a  \n"), (Words{"a", "  \n"}));
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt2, "I'M"), (Words{"I", "'", "M"}));  // case-sensitive
+}
+
+TEST(PreTokenizeTest, DigitsIsolatedBeforeGpt2) {
+  EXPECT_EQ(Split(unicode::PreSplit::kDigitsGpt2, "abc 123x"),
+            (Words{"abc", " ", "1", "2", "3", "x"}));
+}
+
+TEST(PreTokenizeTest, Qwen2) {
+  EXPECT_EQ(Split(unicode::PreSplit::kQwen2, "I'M here\n\n  x12"),
+            (Words{"I", "'M", " here", "\n\n", " ", " x", "1", "2"}));
+  EXPECT_EQ(Split(unicode::PreSplit::kQwen2, "a+=b;\r\n"), (Words{"a", "+=", "b", ";\r\n"}));
+  EXPECT_EQ(Split(unicode::PreSplit::kLlama3, "12345"), (Words{"123", "45"}));
+}
+
+// A tiny byte-level BPE vocabulary written through GgufWriter.
+std::unique_ptr<gguf::GgufFile> TinyGguf(gguf::GgufWriter& w, std::vector<uint8_t>* storage) {
+  *storage = w.Serialize();
+  auto f = gguf::GgufFile::Parse(storage->data(), storage->size());
+  MR_CHECK(f.ok());
+  return std::move(f).value();
+}
+
+TEST(TokenizerUnitTest, TinyBpeMergesAndSpecials) {
+  // Tokens: every byte stand-in of "helo wrd" plus merges, and two specials.
+  std::vector<std::string> tokens;
+  for (char c : std::string("helowrd")) tokens.push_back(std::string(1, c));
+  const std::string sp = unicode::ByteToUnicode(' ');  // Ġ
+  tokens.push_back(sp);                                // 7
+  tokens.push_back("he");                              // 8
+  tokens.push_back("ll");                              // 9
+  tokens.push_back("hell");                            // 10
+  tokens.push_back("hello");                           // 11
+  tokens.push_back(sp + "w");                          // 12
+  tokens.push_back("<|end|>");                         // 13 control
+  tokens.push_back("<x>");                             // 14 user-defined
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[13] = 3;
+  types[14] = 4;
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "qwen2");
+  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+  w.SetArrayI32("tokenizer.ggml.token_type", types);
+  w.SetArrayStr("tokenizer.ggml.merges", {"h e", "l l", "he ll", "hell o", sp + " w"});
+  w.SetU32("tokenizer.ggml.bos_token_id", 13);
+  w.SetU32("tokenizer.ggml.eos_token_id", 13);
+  w.SetBool("tokenizer.ggml.add_bos_token", true);
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok_or = Tokenizer::FromGguf(*file);
+  ASSERT_TRUE(tok_or.ok()) << tok_or.status().message();
+  const Tokenizer& tok = *tok_or.value();
+
+  EXPECT_EQ(Show(tok.Encode("hello world", false, false)), Show({11, 12, 3, 5, 2, 6}));
+  EXPECT_EQ(Show(tok.Encode("hello", true, false)), Show({13, 11}));
+  // Control token text only becomes the token with parse_special; user-defined always does.
+  EXPECT_EQ(Show(tok.Encode("<|end|>", false, true)), Show({13}));
+  EXPECT_EQ(Show(tok.Encode("he<x>", false, false)), Show({8, 14}));
+  EXPECT_EQ(tok.Decode({11, 12, 3, 5, 2, 6, 13}, false), "hello world");
+  EXPECT_EQ(tok.Decode({11, 13}, true), "hello<|end|>");
+  EXPECT_TRUE(tok.IsEndOfGeneration(13));
+  EXPECT_FALSE(tok.IsEndOfGeneration(11));
+  EXPECT_EQ(tok.Find("hello"), 11);
+  EXPECT_EQ(tok.Find("nope"), -1);
+  EXPECT_EQ(tok.attr(14), TokenAttr::kUserDefined);
+}
+
+TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<float> scores = {0, 0, 0};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    tokens.push_back(name);
+    scores.push_back(0);
+    types.push_back(6);
+  }
+  const TokenId base = static_cast<TokenId>(tokens.size());
+  const std::vector<std::pair<std::string, float>> pieces = {
+      {"\xe2\x96\x81", -1}, {"a", -2}, {"b", -2}, {"ab", -1.5f}, {"\xe2\x96\x81" "ab", -0.5f}};
+  for (const auto& [t, s] : pieces) {
+    tokens.push_back(t);
+    scores.push_back(s);
+    types.push_back(1);
+  }
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "llama");
+  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+  w.SetArrayF32("tokenizer.ggml.scores", scores);
+  w.SetArrayI32("tokenizer.ggml.token_type", types);
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok_or = Tokenizer::FromGguf(*file);
+  ASSERT_TRUE(tok_or.ok()) << tok_or.status().message();
+  const Tokenizer& tok = *tok_or.value();
+  // Default SPM settings: BOS added, a space prefix.
+  const TokenId kSpace = base, kA = base + 1, kAb = base + 3, kSpAb = base + 4;
+  EXPECT_EQ(Show(tok.Encode("ab", true, false)), Show({1, kSpAb}));
+  // "z" has no token: byte fallback 0x7A.
+  EXPECT_EQ(Show(tok.Encode("ab z", false, false)), Show({kSpAb, kSpace, 3 + 0x7a}));
+  EXPECT_EQ(Show(tok.Encode("aab", false, false)), Show({kSpace, kA, kAb}));
+  // As llama_detokenize(remove_special=false): only a first token's leading space is dropped,
+  // and BOS counts as the first token.
+  EXPECT_EQ(tok.Decode({kSpAb, kSpace, 3 + 0x7a}, false), "ab z");
+  EXPECT_EQ(tok.Decode({1, kSpAb}, false), " ab");
+  EXPECT_TRUE(tok.IsEndOfGeneration(2));
+}
+
+TEST(TokenizerUnitTest, RejectsUnsupportedOrBrokenMetadata) {
+  {
+    gguf::GgufWriter w;
+    w.SetString("tokenizer.ggml.model", "t5");
+    w.SetArrayStr("tokenizer.ggml.tokens", {"a"});
+    std::vector<uint8_t> storage;
+    auto file = TinyGguf(w, &storage);
+    auto tok = Tokenizer::FromGguf(*file);
+    ASSERT_FALSE(tok.ok());
+    EXPECT_NE(tok.status().message().find("t5"), std::string::npos);
+  }
+  {
+    gguf::GgufWriter w;
+    w.SetString("tokenizer.ggml.model", "gpt2");
+    w.SetString("tokenizer.ggml.pre", "qwen2");
+    w.SetArrayStr("tokenizer.ggml.tokens", {"a"});
+    std::vector<uint8_t> storage;
+    auto file = TinyGguf(w, &storage);
+    auto tok = Tokenizer::FromGguf(*file);
+    ASSERT_FALSE(tok.ok());  // no merges
+    EXPECT_NE(tok.status().message().find("merges"), std::string::npos);
+  }
+  {
+    gguf::GgufWriter w;
+    w.SetString("tokenizer.ggml.model", "llama");
+    w.SetArrayStr("tokenizer.ggml.tokens", {"a", "b"});
+    w.SetArrayF32("tokenizer.ggml.scores", {0.0f});
+    std::vector<uint8_t> storage;
+    auto file = TinyGguf(w, &storage);
+    EXPECT_FALSE(Tokenizer::FromGguf(*file).ok());  // too few scores
+  }
+}
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,336 @@
+#include "model/unicode.h"
+
+#include <algorithm>
+#include <array>
+#include <memory>
+
+namespace mr::unicode {
+namespace {
+
+constexpr uint32_t kMaxCodepoint = 0x110000;
+
+// Full table, one byte per code point (1.1 MB), expanded once from the ranges.
+const uint8_t* CategoryTable() {
+  static const std::unique_ptr<uint8_t[]> table = [] {
+    auto t = std::make_unique<uint8_t[]>(kMaxCodepoint);
+    for (size_t i = 0; i < kCategoryRangeCount; ++i) {
+      const uint32_t first = kCategoryRanges[i] >> 8;
+      const uint32_t last =
+          i + 1 < kCategoryRangeCount ? (kCategoryRanges[i + 1] >> 8) : kMaxCodepoint;
+      std::fill(t.get() + first, t.get() + last, static_cast<uint8_t>(kCategoryRanges[i] & 0xff));
+    }
+    return t;
+  }();
+  return table.get();
+}
+
+struct ByteMaps {
+  std::array<std::string, 256> to_unicode;
+  std::array<int16_t, 512> from_cpt;  // stand-ins are all below 512
+};
+
+const ByteMaps& GetByteMaps() {
+  static const ByteMaps maps = [] {
+    ByteMaps m;
+    m.from_cpt.fill(-1);
+    auto printable = [](int b) {
+      return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    };
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t cpt = printable(b) ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+      AppendUtf8(cpt, &m.to_unicode[b]);
+      m.from_cpt[cpt] = static_cast<int16_t>(b);
+    }
+    return m;
+  }();
+  return maps;
+}
+
+// Flags of a code point as the splitters see it: category in the low byte, kWs for \s. A
+// position outside the current piece has flags 0 (every code point has a category bit).
+constexpr uint16_t kWs = 0x100;
+constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
+
+uint32_t AsciiLower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
+
+// A view of cpts[ini, end) with llama.cpp's out-of-range conventions.
+class Piece {
+ public:
+  Piece(const std::vector<uint32_t>& cpts, size_t ini, size_t end, std::vector<size_t>* out)
+      : cpts_(cpts), ini_(ini), end_(end), prev_end_(ini), out_(out) {}
+
+  uint32_t Cpt(size_t pos) const { return pos >= ini_ && pos < end_ ? cpts_[pos] : kOutOfRange; }
+  uint16_t Flags(size_t pos) const {
+    if (pos < ini_ || pos >= end_) return 0;
+    const uint32_t c = cpts_[pos];
+    return static_cast<uint16_t>(CategoryOf(c) | (IsWhitespace(c) ? kWs : 0));
+  }
+  // Ends the current word at `end`; returns its length (0 adds nothing).
+  size_t Add(size_t end) {
+    const size_t len = end - prev_end_;
+    if (len > 0) out_->push_back(len);
+    prev_end_ = end;
+    return len;
+  }
+  size_t ini() const { return ini_; }
+  size_t end() const { return end_; }
+
+ private:
+  const std::vector<uint32_t>& cpts_;
+  size_t ini_, end_, prev_end_;
+  std::vector<size_t>* out_;
+};
+
+bool IsLetter(uint16_t f) { return f & kLetter; }
+bool IsNumber(uint16_t f) { return f & kNumber; }
+bool IsWs(uint16_t f) { return f & kWs; }
+// [^\s\p{L}\p{N}] inside the piece.
+bool IsOther(uint16_t f) { return f != 0 && !(f & (kWs | kLetter | kNumber)); }
+
+// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)  (and a trailing \s+)
+void SplitGpt2(Piece& p) {
+  size_t pos = p.ini();
+  while (pos < p.end()) {
+    const uint32_t cpt = p.Cpt(pos);
+    const uint16_t flags = p.Flags(pos);
+
+    if (cpt == '\'' && pos + 1 < p.end()) {
+      const uint32_t next = p.Cpt(pos + 1);
+      if (next == 's' || next == 't' || next == 'm' || next == 'd') {
+        pos += p.Add(pos + 2);
+        continue;
+      }
+      if (pos + 2 < p.end()) {
+        const uint32_t next2 = p.Cpt(pos + 2);
+        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') ||
+            (next == 'l' && next2 == 'l')) {
+          pos += p.Add(pos + 3);
+          continue;
+        }
+      }
+    }
+
+    uint16_t f2 = cpt == ' ' ? p.Flags(pos + 1) : flags;
+    if (IsLetter(f2) || IsNumber(f2) || IsOther(f2)) {
+      // One class, decided by the first character after the optional space.
+      const auto same = IsLetter(f2) ? IsLetter : IsNumber(f2) ? IsNumber : IsOther;
+      pos += (cpt == ' ');
+      while (same(f2)) f2 = p.Flags(++pos);
+      p.Add(pos);
+      continue;
+    }
+
+    size_t n_ws = 0;
+    while (IsWs(p.Flags(pos + n_ws))) ++n_ws;
+    if (n_ws > 1 && p.Cpt(pos + n_ws) != kOutOfRange) {  // \s+(?!\S): leave the last one
+      pos += n_ws - 1;
+      p.Add(pos);
+      continue;
+    }
+    if (n_ws > 0) {
+      pos += n_ws;
+      p.Add(pos);
+      continue;
+    }
+    p.Add(++pos);  // no rule matched
+  }
+}
+
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}
+//   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+void SplitQwen2Llama3(Piece& p, size_t max_digits) {
+  size_t pos = p.ini();
+  while (pos < p.end()) {
+    const uint32_t cpt = p.Cpt(pos);
+    const uint16_t flags = p.Flags(pos);
+
+    if (cpt == '\'' && pos + 1 < p.end()) {
+      const uint32_t next = AsciiLower(p.Cpt(pos + 1));
+      if (next == 's' || next == 't' || next == 'm' || next == 'd') {
+        pos += p.Add(pos + 2);
+        continue;
+      }
+      if (pos + 2 < p.end()) {
+        const uint32_t next2 = AsciiLower(p.Cpt(pos + 2));
+        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') ||
+            (next == 'l' && next2 == 'l')) {
+          pos += p.Add(pos + 3);
+          continue;
+        }
+      }
+    }
+
+    if (!(cpt == '\r' || cpt == '\n' || IsNumber(flags))) {
+      if (IsLetter(flags) || IsLetter(p.Flags(pos + 1))) {
+        ++pos;  // the letter itself, or the one optional non-letter before the letters
+        while (IsLetter(p.Flags(pos))) ++pos;
+        p.Add(pos);
+        continue;
+      }
+    }
+
+    if (IsNumber(flags)) {
+      size_t start = pos;
+      while (IsNumber(p.Flags(pos))) {
+        if (++pos - start >= max_digits) {
+          p.Add(pos);
+          start = pos;
+        }
+      }
+      p.Add(pos);
+      continue;
+    }
+
+    uint16_t f2 = cpt == ' ' ? p.Flags(pos + 1) : flags;
+    // As in llama.cpp the guard tests `flags` (this position), the loop `f2`.
+    if (!(f2 & (kWs | kLetter | kNumber)) && flags != 0) {
+      pos += (cpt == ' ');
+      while (IsOther(f2)) f2 = p.Flags(++pos);
+      uint32_t c2 = p.Cpt(pos);
+      while (c2 == '\r' || c2 == '\n') c2 = p.Cpt(++pos);
+      p.Add(pos);
+      continue;
+    }
+
+    size_t n_ws = 0;
+    size_t last_newline_end = 0;
+    while (IsWs(p.Flags(pos + n_ws))) {
+      const uint32_t c2 = p.Cpt(pos + n_ws);
+      if (c2 == '\r' || c2 == '\n') last_newline_end = pos + n_ws + 1;
+      ++n_ws;
+    }
+    if (last_newline_end > 0) {  // \s*[\r\n]+
+      pos = last_newline_end;
+      p.Add(pos);
+      continue;
+    }
+    if (n_ws > 1 && p.Cpt(pos + n_ws) != kOutOfRange) {  // \s+(?!\S)
+      pos += n_ws - 1;
+      p.Add(pos);
+      continue;
+    }
+    if (n_ws > 0) {
+      pos += n_ws;
+      p.Add(pos);
+      continue;
+    }
+    p.Add(++pos);
+  }
+}
+
+}  // namespace
+
+uint8_t CategoryOf(uint32_t cpt) {
+  return cpt < kMaxCodepoint ? CategoryTable()[cpt] : static_cast<uint8_t>(kUndefined);
+}
+
+bool IsWhitespace(uint32_t c) {
+  if (c < 0x80) return (c >= 0x09 && c <= 0x0d) || c == 0x20;
+  return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+std::vector<uint32_t> DecodeUtf8(std::string_view s) {
+  std::vector<uint32_t> out;
+  out.reserve(s.size());
+  const auto* b = reinterpret_cast<const uint8_t*>(s.data());
+  const size_t n = s.size();
+  auto cont = [&](size_t i) { return i < n && (b[i] & 0xc0) == 0x80; };
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t b0 = b[i];
+    uint32_t cpt = 0xfffd;
+    size_t len = 1;
+    if (b0 < 0x80) {
+      cpt = b0;
+    } else if ((b0 & 0x40) == 0) {
+      // stray continuation byte
+    } else if ((b0 & 0x20) == 0) {
+      if (cont(i + 1)) cpt = ((b0 & 0x1fu) << 6) | (b[i + 1] & 0x3fu), len = 2;
+    } else if ((b0 & 0x10) == 0) {
+      if (cont(i + 1) && cont(i + 2)) {
+        cpt = ((b0 & 0x0fu) << 12) | ((b[i + 1] & 0x3fu) << 6) | (b[i + 2] & 0x3fu);
+        len = 3;
+      }
+    } else if ((b0 & 0x08) == 0) {
+      if (cont(i + 1) && cont(i + 2) && cont(i + 3)) {
+        cpt = ((b0 & 0x07u) << 18) | ((b[i + 1] & 0x3fu) << 12) | ((b[i + 2] & 0x3fu) << 6) |
+              (b[i + 3] & 0x3fu);
+        len = 4;
+        if (cpt >= kMaxCodepoint) cpt = 0xfffd;
+      }
+    }
+    out.push_back(cpt);
+    i += len;
+  }
+  return out;
+}
+
+void AppendUtf8(uint32_t cpt, std::string* out) {
+  if (cpt < 0x80) {
+    out->push_back(static_cast<char>(cpt));
+  } else if (cpt < 0x800) {
+    out->push_back(static_cast<char>(0xc0 | (cpt >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cpt & 0x3f)));
+  } else if (cpt < 0x10000) {
+    out->push_back(static_cast<char>(0xe0 | (cpt >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cpt & 0x3f)));
+  } else {
+    out->push_back(static_cast<char>(0xf0 | ((cpt >> 18) & 0x07)));
+    out->push_back(static_cast<char>(0x80 | ((cpt >> 12) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cpt & 0x3f)));
+  }
+}
+
+const std::string& ByteToUnicode(uint8_t b) { return GetByteMaps().to_unicode[b]; }
+
+int UnicodeToByte(uint32_t cpt) { return cpt < 512 ? GetByteMaps().from_cpt[cpt] : -1; }
+
+std::vector<size_t> PreTokenize(PreSplit kind, const std::vector<uint32_t>& cpts) {
+  std::vector<size_t> out;
+  if (cpts.empty()) return out;
+  out.reserve(cpts.size() / 3 + 1);
+  switch (kind) {
+    case PreSplit::kGpt2: {
+      Piece p(cpts, 0, cpts.size(), &out);
+      SplitGpt2(p);
+      break;
+    }
+    case PreSplit::kDigitsGpt2: {
+      // First pass (the regex \p{N}): every number code point is a piece of its own; the
+      // GPT-2 rules then run inside each piece without seeing its neighbours.
+      size_t start = 0;
+      auto flush = [&](size_t end) {
+        if (end > start) {
+          Piece p(cpts, start, end, &out);
+          SplitGpt2(p);
+        }
+        start = end;
+      };
+      for (size_t i = 0; i < cpts.size(); ++i) {
+        if (CategoryOf(cpts[i]) & kNumber) {
+          flush(i);
+          flush(i + 1);
+        }
+      }
+      flush(cpts.size());
+      break;
+    }
+    case PreSplit::kQwen2: {
+      Piece p(cpts, 0, cpts.size(), &out);
+      SplitQwen2Llama3(p, 1);
+      break;
+    }
+    case PreSplit::kLlama3: {
+      Piece p(cpts, 0, cpts.size(), &out);
+      SplitQwen2Llama3(p, 3);
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace mr::unicode

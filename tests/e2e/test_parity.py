@@ -1,0 +1,173 @@
+"""Logit parity with llama.cpp on the smallest model (docs/parity.md).
+
+test_parity_smollm2 runs scripts/parity.py end to end: llama.cpp through node-llama-cpp
+(tools/llamacpp, installed by the project's setup) and `mererun logits` on the same tokens, over
+every prompt of tests/fixtures/parity/prompts.jsonl, and asserts the issue's bars
+(top-1 agreement >= 0.98, mean KL(llama.cpp || mererun) <= 0.01). Missing pieces fail with a
+clear message; set MERERUN_SKIP_LLAMACPP=1 to skip it where node-llama-cpp cannot run.
+
+The other tests check the comparison arithmetic on synthetic files (no model, no node).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "tests" / "fixtures" / "parity" / "prompts.jsonl"
+SMALLEST = "smollm2-135m-instruct"
+
+
+def _load_parity():
+    spec = importlib.util.spec_from_file_location("parity", REPO / "scripts" / "parity.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["parity"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+parity = _load_parity()
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic files.
+
+def _log_softmax(row):
+    m = max(row)
+    z = m + math.log(sum(math.exp(x - m) for x in row))
+    return [x - z for x in row]
+
+
+def _write_pair(tmp: Path, ref_rows, ours_rows, n_positions, k):
+    """ref.bin from ref_rows (full logits, reduced to top-k + tail) and ours.mrlg from ours_rows."""
+    n_vocab = len(ref_rows[0])
+    with open(tmp / "ref.bin", "wb") as f:
+        f.write(b"LCRF" + struct.pack("<3I", 1, n_vocab, len(n_positions)))
+        f.write(struct.pack(f"<{len(n_positions)}I", *n_positions))
+        for row in ref_rows:
+            lp = _log_softmax(row)
+            order = sorted(range(n_vocab), key=lambda i: -lp[i])[:k]
+            tail = sum(math.exp(lp[i]) for i in range(n_vocab) if i not in set(order))
+            f.write(struct.pack("<Id", len(order), tail))
+            f.write(struct.pack(f"<{len(order)}i", *order))
+            f.write(struct.pack(f"<{len(order)}f", *[lp[i] for i in order]))
+    with open(tmp / "ours.mrlg", "wb") as f:
+        f.write(b"MRLG" + struct.pack("<3I", 1, n_vocab, len(n_positions)))
+        f.write(struct.pack(f"<{len(n_positions)}I", *n_positions))
+        for row in ours_rows:
+            f.write(struct.pack(f"<{n_vocab}f", *row))
+
+
+def _kl(p_logits, q_logits, buckets=None):
+    lp, lq = _log_softmax(p_logits), _log_softmax(q_logits)
+    if buckets is None:
+        return sum(math.exp(a) * (a - b) for a, b in zip(lp, lq))
+    head, rest = buckets
+    kl = sum(math.exp(lp[i]) * (lp[i] - lq[i]) for i in head)
+    pr = sum(math.exp(lp[i]) for i in rest)
+    qr = sum(math.exp(lq[i]) for i in rest)
+    return kl + (pr * math.log(pr / qr) if pr > 0 else 0.0)
+
+
+def test_identical_logits_give_zero_kl(tmp_path):
+    rng = random.Random(1)
+    rows = [[rng.gauss(0, 3) for _ in range(300)] for _ in range(7)]
+    _write_pair(tmp_path, rows, rows, [3, 4], k=300)
+    r = parity.compare_files("synthetic", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a", "b"])
+    assert r["n_positions"] == 7 and r["n_prompts"] == 2
+    assert r["top1_agreement"] == 1.0
+    assert r["mean_kl"] < 1e-6
+    assert r["verdict"] == "PASS"
+
+
+def test_kl_matches_direct_computation(tmp_path):
+    rng = random.Random(2)
+    ref = [[rng.gauss(0, 2) for _ in range(200)] for _ in range(5)]
+    ours = [[x + rng.gauss(0, 0.3) for x in row] for row in ref]
+    # Full support: the exact KL.
+    _write_pair(tmp_path, ref, ours, [5], k=200)
+    r = parity.compare_files("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a"])
+    want = sum(_kl(p, q) for p, q in zip(ref, ours)) / len(ref)
+    assert r["mean_kl"] == pytest.approx(want, rel=1e-4)
+    # Top-20 plus a tail bucket: the KL of the coarsened distributions, below the exact one.
+    _write_pair(tmp_path, ref, ours, [5], k=20)
+    r2 = parity.compare_files("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a"])
+    coarse = []
+    for p, q in zip(ref, ours):
+        lp = _log_softmax(p)
+        head = sorted(range(200), key=lambda i: -lp[i])[:20]
+        coarse.append(_kl(p, q, (head, [i for i in range(200) if i not in head])))
+    assert r2["mean_kl"] == pytest.approx(sum(coarse) / len(coarse), rel=1e-4)
+    assert r2["mean_kl"] <= r["mean_kl"] + 1e-9
+    assert r2["ref_tail_mass_mean"] > 0
+
+
+def test_disagreement_and_bad_values_fail(tmp_path):
+    rng = random.Random(3)
+    ref = [[rng.gauss(0, 1) for _ in range(50)] for _ in range(4)]
+    ours = [list(reversed(row)) for row in ref]  # different argmax almost surely
+    ours[1][7] = float("nan")
+    _write_pair(tmp_path, ref, ours, [4], k=50)
+    r = parity.compare_files("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a"])
+    assert r["n_nonfinite"] == 1
+    assert r["top1_agreement"] < 1.0
+    assert r["verdict"] == "FAIL"
+
+
+def test_count_mismatch_is_reported(tmp_path):
+    rows = [[0.0, 1.0, 2.0]] * 3
+    _write_pair(tmp_path, rows, rows, [3], k=3)
+    with open(tmp_path / "ours.mrlg", "r+b") as f:  # claim 2 positions instead of 3
+        f.seek(16)
+        f.write(struct.pack("<I", 2))
+    with pytest.raises(parity.ParityError, match="counts differ"):
+        parity.compare_files("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a"])
+
+
+def test_prompts_fixture_is_varied_and_large_enough():
+    prompts = [json.loads(line) for line in PROMPTS.read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    assert len(prompts) >= 32
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    kinds = {p["kind"] for p in prompts}
+    assert {"prose", "chat", "code", "numbers", "multilingual"} <= kinds
+
+
+# ---------------------------------------------------------------------------------------------
+# The real check.
+
+def test_parity_smollm2(tmp_path):
+    if os.environ.get("MERERUN_SKIP_LLAMACPP") == "1":
+        pytest.skip("MERERUN_SKIP_LLAMACPP=1")
+    try:
+        _, model_path = parity.resolve_model(SMALLEST)
+        mererun = parity.find_mererun(None)
+    except parity.ParityError as e:
+        pytest.fail(f"parity prerequisites missing: {e} (set MERERUN_SKIP_LLAMACPP=1 to skip)")
+    if shutil.which(os.environ.get("NODE", "node")) is None or not (
+            REPO / "tools" / "llamacpp" / "node_modules" / "node-llama-cpp").exists():
+        pytest.fail("node-llama-cpp is not installed: run `npm ci` in tools/llamacpp "
+                    "(or set MERERUN_SKIP_LLAMACPP=1 to skip)")
+    report = tmp_path / "parity.json"
+    rc = parity.main(["--model", str(model_path), "--mererun", str(mererun),
+                      "--work-dir", str(tmp_path), "--json-out", str(report)])
+    assert report.is_file(), f"parity.py failed before producing a report (exit {rc})"
+    (r,) = json.loads(report.read_text())["results"]
+    summary = (f"top1 {r['top1_agreement']:.4f}, mean KL {r['mean_kl']:.5f}, "
+               f"max KL {r['max_kl']:.4f} at {r['max_kl_at']}, {r['n_positions']} positions")
+    print(summary)
+    assert r["n_prompts"] >= 32
+    assert r["n_nonfinite"] == 0, summary
+    assert r["top1_agreement"] >= parity.TOP1_MIN, summary
+    assert r["mean_kl"] <= parity.MEAN_KL_MAX, summary
+    assert rc == 0
