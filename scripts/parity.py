@@ -269,11 +269,17 @@ class Summary:
         }
 
 
-def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[str]) -> dict:
+def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[str],
+                  max_prompts: int = 0) -> dict:
+    """Compares the two files position by position; max_prompts > 0 uses only the first
+    max_prompts prompts of ref_bin (a reference computed for more prompts than mererun's run)."""
     s = Summary(model)
     with open(ref_bin, "rb") as fr, open(ours_bin, "rb") as fo:
         v_ref, n_ref = read_header(fr, b"LCRF")
         v_ours, n_ours = read_header(fo, b"MRLG")
+        ref_is_longer = 0 < max_prompts < len(n_ref)
+        if ref_is_longer:
+            n_ref = n_ref[:max_prompts]
         if v_ref != v_ours:
             raise ParityError(f"n_vocab differs: llama.cpp {v_ref}, mererun {v_ours}")
         if n_ref != n_ours:
@@ -303,7 +309,7 @@ def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[st
             s.per_prompt.append({"id": pid, "n_positions": n_pos,
                                  "top1_agreement": p_top1 / max(1, n_pos),
                                  "mean_kl": p_kl / max(1, n_pos)})
-        if fr.read(1) or fo.read(1):
+        if (not ref_is_longer and fr.read(1)) or fo.read(1):
             raise ParityError("trailing data after the last position (file/count mismatch)")
     return s.to_json()
 
@@ -319,16 +325,27 @@ def prompt_ids(prompts: Path, limit: int) -> list[str]:
     return ids[:limit] if limit > 0 else ids
 
 
-def ref_is_current(ref_dir: Path, model_path: Path, prompts: Path, limit: int) -> bool:
+def usable_ref_prompts(ref_dir: Path, model_path: Path, prompts: Path, limit: int) -> int:
+    """How many leading prompts of an existing llama.cpp output in ref_dir can serve this run:
+    0 when there is none or it was made from another model file, prompts file or settings; else
+    the count (>= the prompts wanted). A reference for all prompts serves any --limit."""
     meta_path = ref_dir / "meta.json"
     if not (meta_path.is_file() and (ref_dir / "ref.bin").is_file()
             and (ref_dir / "tokens.json").is_file()):
-        return False
+        return 0
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    return (meta.get("model", {}).get("size_bytes") == model_path.stat().st_size
-            and meta.get("model", {}).get("path") == str(model_path)
-            and meta.get("prompts", {}).get("sha256") == sha256_file(prompts)
-            and meta.get("prompts", {}).get("limit", 0) == limit)
+    m = meta.get("model", {})
+    if m.get("size_bytes") != model_path.stat().st_size:
+        return 0
+    if meta.get("prompts", {}).get("sha256") != sha256_file(prompts):
+        return 0
+    have = int(meta.get("n_prompts", 0))
+    want = len(prompt_ids(prompts, limit))
+    if have < want:
+        return 0
+    if m.get("path") != str(model_path) and m.get("sha256") != sha256_file(model_path):
+        return 0
+    return have
 
 
 def run(cmd: list[str], what: str, log=sys.stderr) -> float:
@@ -368,22 +385,34 @@ def parity_for_model(name_or_path: str, args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     prompts = Path(args.prompts).resolve()
     ref_dir = Path(args.ref_dir) if args.ref_dir else work / "ref"
+    ids = prompt_ids(prompts, args.limit)
     timings = {}
-    if not args.fresh and ref_is_current(ref_dir, model_path, prompts, args.limit):
-        print(f"[parity] {name}: reusing llama.cpp reference in {ref_dir}", file=sys.stderr)
+    have = 0 if args.fresh else usable_ref_prompts(ref_dir, model_path, prompts, args.limit)
+    if have:
+        print(f"[parity] {name}: reusing llama.cpp reference in {ref_dir} "
+              f"({len(ids)} of its {have} prompts)", file=sys.stderr)
         timings["llamacpp_s"] = None
     else:
+        if args.ref_dir and not args.fresh and (ref_dir / "ref.bin").exists():
+            raise ParityError(f"{ref_dir} holds a llama.cpp reference for another model, prompts "
+                              f"file or fewer prompts; pass --fresh to overwrite it, or another "
+                              f"--ref-dir")
         timings["llamacpp_s"] = run_llamacpp(model_path, prompts, ref_dir, args.limit, args.threads)
+        have = len(ids)
+    tokens = ref_dir / "tokens.json"
+    if have > len(ids):  # mererun evaluates only the prompts compared
+        all_tokens = json.loads(tokens.read_text(encoding="utf-8"))
+        tokens = work / "tokens.json"
+        tokens.write_text(json.dumps(all_tokens[:len(ids)]) + "\n", encoding="utf-8")
     if args.ours:
         ours = Path(args.ours)
         timings["mererun_s"] = None
     else:
         ours = work / "ours.mrlg"
-        timings["mererun_s"] = run_mererun(find_mererun(args.mererun), model_path,
-                                           ref_dir / "tokens.json", ours, args.threads,
-                                           args.mererun_arg)
+        timings["mererun_s"] = run_mererun(find_mererun(args.mererun), model_path, tokens, ours,
+                                           args.threads, args.mererun_arg)
     t0 = time.monotonic()
-    result = compare_files(name, ref_dir / "ref.bin", ours, prompt_ids(prompts, args.limit))
+    result = compare_files(name, ref_dir / "ref.bin", ours, ids, max_prompts=len(ids))
     timings["compare_s"] = time.monotonic() - t0
     meta = json.loads((ref_dir / "meta.json").read_text(encoding="utf-8"))
     result.update({
@@ -421,9 +450,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra argument for `mererun logits` (repeatable), e.g. --ref")
     ap.add_argument("--work-dir", default=os.environ.get("MERERUN_PARITY_DIR",
                                                          "/tmp/mererun-parity"))
-    ap.add_argument("--ref-dir", help="llama.cpp side: reused when current, else written here "
-                                      "(single model only)")
-    ap.add_argument("--fresh", action="store_true", help="always rerun llama.cpp")
+    ap.add_argument("--ref-dir", help="llama.cpp side: reused when made from the same model and "
+                                      "prompts (a run over all prompts serves any --limit), else "
+                                      "written here if empty (single model only)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="always rerun llama.cpp (overwriting --ref-dir)")
     ap.add_argument("--ours", help="precomputed `mererun logits` output (single model only)")
     ap.add_argument("--json-out", help="write the JSON report here")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of a table")

@@ -223,12 +223,14 @@ Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* 
   std::vector<char> buf(1 << 20);
   int64_t n_member = 0;
   bool write_failed = false;
+  int write_errno = 0;
   for (;;) {
     ssize_t n = read(fds[0], buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     if (!write_failed && std::fwrite(buf.data(), 1, static_cast<size_t>(n), out) != static_cast<size_t>(n)) {
       write_failed = true;  // keep draining so the child can exit
+      write_errno = errno;
     }
     hash->Update(buf.data(), static_cast<size_t>(n));
     n_member += n;
@@ -236,7 +238,7 @@ Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* 
   close(fds[0]);
   const int rc = WaitExit(pid);
   if (write_failed) {
-    return IoError("[pull] writing '" + partial_ + "' failed: " + std::strerror(errno) +
+    return IoError("[pull] writing '" + partial_ + "' failed: " + std::strerror(write_errno) +
                    " (disk full?)");
   }
   if (rc == 3 || rc == 4) {

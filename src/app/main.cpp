@@ -16,6 +16,7 @@ void PrintUsage() {
                "  info -m MODEL            summarise a model file\n"
                "  tokenize -m MODEL        text on stdin -> token ids (JSON); --decode reverses\n"
                "  logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)\n"
+               "  convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type\n"
                "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n");
 }
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   if (cmd == "info") return mr::app::CmdInfo(args);
   if (cmd == "tokenize") return mr::app::CmdTokenize(args);
   if (cmd == "logits") return mr::app::CmdLogits(args);
+  if (cmd == "convert") return mr::app::CmdConvert(args);
   std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
   PrintUsage();
   return 2;

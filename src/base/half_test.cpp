@@ -40,7 +40,9 @@ double HalfValue(uint16_t h) {
   return s ? -v : v;
 }
 
-bool IsHalfNaN(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x03FF) != 0; }
+bool IsHalfNaN(uint16_t h) {
+  return (h & 0x7C00) == 0x7C00 && (h & 0x03FF) != 0;
+}
 
 TEST(Half, F16ToF32MatchesFormulaForAll65536) {
   for (uint32_t h = 0; h < 65536; ++h) {
@@ -87,18 +89,18 @@ TEST(Half, TiesRoundToEvenAcrossAllAdjacentPairs) {
 TEST(Half, SubnormalsZeroAndOverflow) {
   EXPECT_EQ(F32ToF16(0.0f), 0x0000);
   EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);        // smallest subnormal
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);        // tie with 0 -> even (0)
-  EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001);        // above the tie
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -26)), 0x0000);        // underflow
-  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -26)), 0x8000);       // signed underflow
-  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);        // 1.5 ulp tie -> even (2)
-  EXPECT_EQ(F32ToF16(std::ldexp(1023.0f, -24)), 0x03FF);     // largest subnormal
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400);        // smallest normal
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);     // smallest subnormal
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);     // tie with 0 -> even (0)
+  EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001);     // above the tie
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -26)), 0x0000);     // underflow
+  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -26)), 0x8000);    // signed underflow
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 ulp tie -> even (2)
+  EXPECT_EQ(F32ToF16(std::ldexp(1023.0f, -24)), 0x03FF);  // largest subnormal
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::denorm_min()), 0x0000);
-  EXPECT_EQ(F32ToF16(65504.0f), 0x7BFF);                     // largest finite
-  EXPECT_EQ(F32ToF16(65519.0f), 0x7BFF);                     // below the overflow tie
-  EXPECT_EQ(F32ToF16(65520.0f), 0x7C00);                     // tie with 2^16 -> inf (even)
+  EXPECT_EQ(F32ToF16(65504.0f), 0x7BFF);  // largest finite
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7BFF);  // below the overflow tie
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7C00);  // tie with 2^16 -> inf (even)
   EXPECT_EQ(F32ToF16(1e10f), 0x7C00);
   EXPECT_EQ(F32ToF16(-1e10f), 0xFC00);
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::max()), 0x7C00);
@@ -202,8 +204,7 @@ TEST(Bf16, RandomFloatsRoundToNearestEven) {
     const uint16_t lo = static_cast<uint16_t>(bits >> 16);
     const uint16_t hi = static_cast<uint16_t>(lo + 1);
     const double vlo = std::fabs(static_cast<double>(Bf16ToF32(lo)));
-    const double vhi = (hi & 0x7FFF) == 0x7F80 ? std::ldexp(1.0, 128)
-                                               : std::fabs(static_cast<double>(Bf16ToF32(hi)));
+    const double vhi = (hi & 0x7FFF) == 0x7F80 ? std::ldexp(1.0, 128) : std::fabs(static_cast<double>(Bf16ToF32(hi)));
     const double a = std::fabs(static_cast<double>(x));
     uint16_t want;
     if (a - vlo < vhi - a) {

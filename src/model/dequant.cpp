@@ -26,17 +26,17 @@ constexpr uint32_t kTypeQ5_K = 13;
 constexpr uint32_t kTypeQ6_K = 14;
 constexpr uint32_t kTypeBF16 = 30;
 
-constexpr int64_t kQK = 32;    // elements per block of the legacy quants (QK4_0 ... QK8_0)
+constexpr int64_t kQK = 32;     // elements per block of the legacy quants (QK4_0 ... QK8_0)
 constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
 
 // Block sizes in bytes (sizeof(block_*) in ggml-common.h).
-constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;             // d, qs[16]
-constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;         // d, m, qs[16]
-constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;         // d, qh[4], qs[16]
-constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;     // d, m, qh[4], qs[16]
-constexpr int64_t kQ8_0Bytes = 2 + kQK;                 // d, qs[32]
-constexpr int64_t kQ4_KBytes = 2 + 2 + 12 + kQK_K / 2;  // d, dmin, scales[12], qs[128]
-constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;  // ... qh[32], qs[128]
+constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;                             // d, qs[16]
+constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;                         // d, m, qs[16]
+constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;                         // d, qh[4], qs[16]
+constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                     // d, m, qh[4], qs[16]
+constexpr int64_t kQ8_0Bytes = 2 + kQK;                                 // d, qs[32]
+constexpr int64_t kQ4_KBytes = 2 + 2 + 12 + kQK_K / 2;                  // d, dmin, scales[12], qs[128]
+constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;      // ... qh[32], qs[128]
 constexpr int64_t kQ6_KBytes = kQK_K / 2 + kQK_K / 4 + kQK_K / 16 + 2;  // ql, qh, scales, d
 
 inline uint16_t LoadU16(const uint8_t* p) {
@@ -49,7 +49,9 @@ inline uint32_t LoadU32(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-inline float LoadF16(const uint8_t* p) { return F16ToF32(LoadU16(p)); }
+inline float LoadF16(const uint8_t* p) {
+  return F16ToF32(LoadU16(p));
+}
 
 // All 65536 halves as floats: F16 tensors (embeddings, norms in some files) convert in bulk.
 const float* F16Table() {
@@ -244,7 +246,9 @@ int64_t BlockElems(uint32_t type) {
 
 }  // namespace
 
-bool CanDequantize(uint32_t type) { return BlockElems(type) != 0; }
+bool CanDequantize(uint32_t type) {
+  return BlockElems(type) != 0;
+}
 
 Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
   const int64_t block = BlockElems(type);
@@ -252,26 +256,48 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
     return Unsupported("[dequant] unsupported tensor type id " + std::to_string(type));
   }
   if (n < 0 || n % block != 0) {
-    return InvalidArgument("[dequant] element count " + std::to_string(n) +
-                           " is not a multiple of the block size " + std::to_string(block) +
-                           " (type id " + std::to_string(type) + ")");
+    return InvalidArgument("[dequant] element count " + std::to_string(n) + " is not a multiple of the block size " +
+                           std::to_string(block) + " (type id " + std::to_string(type) + ")");
   }
   if (n == 0) return Status::Ok();
   const auto* x = static_cast<const uint8_t*>(src);
   const int64_t nb = n / block;
   switch (type) {
-    case kTypeF32: std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float)); break;
-    case kTypeF16: DequantF16(x, dst, n); break;
-    case kTypeBF16: DequantBF16(x, dst, n); break;
-    case kTypeQ4_0: DequantQ4_0(x, dst, nb); break;
-    case kTypeQ4_1: DequantQ4_1(x, dst, nb); break;
-    case kTypeQ5_0: DequantQ5_0(x, dst, nb); break;
-    case kTypeQ5_1: DequantQ5_1(x, dst, nb); break;
-    case kTypeQ8_0: DequantQ8_0(x, dst, nb); break;
-    case kTypeQ4_K: DequantQ4_K(x, dst, nb); break;
-    case kTypeQ5_K: DequantQ5_K(x, dst, nb); break;
-    case kTypeQ6_K: DequantQ6_K(x, dst, nb); break;
-    default: return Internal("[dequant] unreachable type " + std::to_string(type));
+    case kTypeF32:
+      std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+      break;
+    case kTypeF16:
+      DequantF16(x, dst, n);
+      break;
+    case kTypeBF16:
+      DequantBF16(x, dst, n);
+      break;
+    case kTypeQ4_0:
+      DequantQ4_0(x, dst, nb);
+      break;
+    case kTypeQ4_1:
+      DequantQ4_1(x, dst, nb);
+      break;
+    case kTypeQ5_0:
+      DequantQ5_0(x, dst, nb);
+      break;
+    case kTypeQ5_1:
+      DequantQ5_1(x, dst, nb);
+      break;
+    case kTypeQ8_0:
+      DequantQ8_0(x, dst, nb);
+      break;
+    case kTypeQ4_K:
+      DequantQ4_K(x, dst, nb);
+      break;
+    case kTypeQ5_K:
+      DequantQ5_K(x, dst, nb);
+      break;
+    case kTypeQ6_K:
+      DequantQ6_K(x, dst, nb);
+      break;
+    default:
+      return Internal("[dequant] unreachable type " + std::to_string(type));
   }
   return Status::Ok();
 }

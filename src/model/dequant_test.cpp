@@ -21,8 +21,8 @@ namespace mr {
 namespace {
 
 // ggml type ids (ggml.h).
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
-                   kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13,
+                   kQ6_K = 14, kBF16 = 30;
 
 // Half-precision constants, written as bit patterns so the tests do not depend on F32ToF16.
 constexpr uint16_t kH0_5 = 0x3800;     // 0.5
@@ -214,14 +214,13 @@ TEST(DequantQ4_K, ScalePackingHandWritten) {
   std::vector<uint8_t> b(144, 0x11);  // all quants 1
   PutU16(b, 0, kH1);
   PutU16(b, 2, kH0_5);
-  const uint8_t scales[12] = {0xC5, 0x01, 0x01, 0x81, 0x42, 0x01, 0x01, 0xC1,
-                              0xA3, 0x11, 0x11, 0x0F};
+  const uint8_t scales[12] = {0xC5, 0x01, 0x01, 0x81, 0x42, 0x01, 0x01, 0xC1, 0xA3, 0x11, 0x11, 0x0F};
   std::memcpy(&b[4], scales, 12);
   std::vector<float> y = Dequant(kQ4_K, b, 256);
-  EXPECT_EQ(y[0], 5.0f - 1.0f);               // sub-block 0 (elements 0..31)
+  EXPECT_EQ(y[0], 5.0f - 1.0f);  // sub-block 0 (elements 0..31)
   EXPECT_EQ(y[31], 5.0f - 1.0f);
-  EXPECT_EQ(y[4 * 32], 51.0f - 13.0f);        // sub-block 4 (elements 128..159)
-  EXPECT_EQ(y[7 * 32 + 31], 47.0f - 24.0f);   // sub-block 7 (elements 224..255)
+  EXPECT_EQ(y[4 * 32], 51.0f - 13.0f);       // sub-block 4 (elements 128..159)
+  EXPECT_EQ(y[7 * 32 + 31], 47.0f - 24.0f);  // sub-block 7 (elements 224..255)
   // sub-block 3: sc = b[3] & 63 = 1, m = b[7] & 63 = 1 -> 1 - 0.5
   EXPECT_EQ(y[3 * 32 + 5], 0.5f);
 }
@@ -259,7 +258,7 @@ TEST(DequantQ4_K, RandomBlocksDistinctScales) {
     for (int e = 0; e < 256; ++e) {
       const int q = static_cast<int>(rng() % 16);
       PutQ4K(b, base + 16, e, q);
-      const int s = e / 32;  // sub-block of 32
+      const int s = e / 32;                                              // sub-block of 32
       expect[blk * 256 + e] = dv[blk] * sc[s] * q - dminv[blk] * mn[s];  // y = d*sc*q - dmin*m
     }
   }
@@ -416,6 +415,60 @@ TEST(DequantFloat, UnalignedSource) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], 2.0f * j);
 }
 
+// ---- Golden hashes from an independent implementation -------------------------------------
+
+// Pseudo-random block bytes: byte i is the top byte of the i-th step of a 64-bit LCG (Knuth's
+// MMIX constants) seeded with type + 1. Random bytes include inf/NaN scales, so NaN outputs are
+// canonicalized to 0x7fc00000 before hashing.
+std::vector<uint8_t> LcgBytes(uint64_t seed, size_t n) {
+  std::vector<uint8_t> out(n);
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    out[i] = static_cast<uint8_t>(x >> 56);
+  }
+  return out;
+}
+
+uint64_t Fnv1a64(const std::vector<float>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (float f : v) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    if (std::isnan(f)) b = 0x7fc00000u;
+    for (int k = 0; k < 4; ++k) {
+      h ^= (b >> (8 * k)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+TEST(DequantGolden, MatchesGgufPyOnPseudoRandomBlocks) {
+  // Hashes of 2048 dequantized elements per type, computed with gguf-py 0.19
+  // (gguf.quants.dequantize, the numpy port of ggml's dequantize_row_*) on the same bytes.
+  struct Golden {
+    uint32_t type;
+    int64_t block_elems, block_bytes;
+    uint64_t hash;
+  };
+  const Golden kGolden[] = {
+      {kF32, 1, 4, 0xf478f8909fc9e64cull},      {kF16, 1, 2, 0xb0fc8a0b71c52b55ull},
+      {kBF16, 1, 2, 0x4d264617546d71b5ull},     {kQ4_0, 32, 18, 0xfd348fc72322a56bull},
+      {kQ4_1, 32, 20, 0x0eac66b4c2533eb4ull},   {kQ5_0, 32, 22, 0x68e07dfb535ed2b7ull},
+      {kQ5_1, 32, 24, 0xcb776a4a14c36cc4ull},   {kQ8_0, 32, 34, 0xabf66e0423229028ull},
+      {kQ4_K, 256, 144, 0xf1b32e65189313a5ull}, {kQ5_K, 256, 176, 0x8f4ae17a4fd8b202ull},
+      {kQ6_K, 256, 210, 0x94df11759ab6cb6aull},
+  };
+  for (const Golden& g : kGolden) {
+    const int64_t nb = 2048 / g.block_elems;
+    const std::vector<uint8_t> raw = LcgBytes(g.type + 1, static_cast<size_t>(nb * g.block_bytes));
+    std::vector<float> y(2048);
+    ASSERT_TRUE(DequantizeRow(g.type, raw.data(), y.data(), 2048).ok());
+    EXPECT_EQ(Fnv1a64(y), g.hash) << "type " << g.type;
+  }
+}
+
 // ---- Errors --------------------------------------------------------------------------------
 
 TEST(DequantErrors, UnsupportedTypesAndBadCounts) {
@@ -481,9 +534,11 @@ void CheckModel(std::initializer_list<const char*> names, bool full) {
 TEST(DequantRealModel, SmolLM2AllTensorsInFull) {
   CheckModel({"SmolLM2-135M-Instruct.Q4_1.gguf"}, /*full=*/true);
 }
-TEST(DequantRealModel, Gemma3Sample) { CheckModel({"gemma-3-270m-q4_k_m.gguf"}, false); }
+TEST(DequantRealModel, Gemma3Sample) {
+  CheckModel({"gemma-3-270m-q4_k_m.gguf"}, false);
+}
 TEST(DequantRealModel, Qwen05Sample) {
-  CheckModel({"qwen2.5-coder-0.5b-q4.gguf", "qwen05.gguf"}, false);
+  CheckModel({"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}, false);
 }
 TEST(DequantRealModel, Qwen15Sample) {
   CheckModel({"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}, false);

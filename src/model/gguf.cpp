@@ -18,6 +18,8 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little endian
 // plausible but their product is not.
 constexpr uint64_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 4;
+constexpr uint64_t kMaxReserve = 1 << 16;
+constexpr uint64_t kMaxNestedArrays = 1 << 16;
 
 const TypeTraits kTraits[] = {
     {"f32", 1, 4},      {"f16", 1, 2},      {"q4_0", 32, 18},   {"q4_1", 32, 20},
@@ -91,7 +93,8 @@ bool ValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::k
 
 Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) {
   v->type = t;
-  const char* what = "metadata value";
+  const std::string what_s = "value of key '" + key + "'";
+  const char* what = what_s.c_str();
   switch (t) {
     case ValueType::kU8: { uint8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = x; break; }
     case ValueType::kI8: { int8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
@@ -110,7 +113,7 @@ Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) 
       v->b = x != 0; v->u = x; v->i = x;
       break;
     }
-    case ValueType::kString: MR_RETURN_IF_ERROR(r.String(&v->s, "metadata string")); break;
+    case ValueType::kString: MR_RETURN_IF_ERROR(r.String(&v->s, what)); break;
     case ValueType::kArray: return Internal("[gguf] ReadScalar called on array");
   }
   return Status::Ok();
@@ -133,25 +136,36 @@ Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, i
   }
   v->array_len = n;
   const ValueType e = v->elem_type;
+  // Grow as elements really parse (a lying length costs no more memory than the bytes that
+  // back it), and bound arrays of arrays, whose 12-byte empty elements are cheap to forge.
+  const size_t reserve = static_cast<size_t>(std::min<uint64_t>(n, kMaxReserve));
   if (e == ValueType::kString) {
-    v->arr_str.resize(n);
-    for (uint64_t k = 0; k < n; ++k) MR_RETURN_IF_ERROR(r.String(&v->arr_str[k], "array string"));
+    v->arr_str.reserve(reserve);
+    for (uint64_t k = 0; k < n; ++k) {
+      std::string s;
+      MR_RETURN_IF_ERROR(r.String(&s, "array string"));
+      v->arr_str.push_back(std::move(s));
+    }
   } else if (e == ValueType::kArray) {
+    if (n > kMaxNestedArrays) {
+      return InvalidArgument("[gguf] key '" + key + "': " + std::to_string(n) + " nested arrays (at most " +
+                             std::to_string(kMaxNestedArrays) + " supported)");
+    }
     v->arr_nested.resize(n);
     for (uint64_t k = 0; k < n; ++k) MR_RETURN_IF_ERROR(ReadValue(r, e, &v->arr_nested[k], key, depth + 1));
   } else if (e == ValueType::kF32 || e == ValueType::kF64) {
-    v->arr_float.resize(n);
+    v->arr_float.reserve(reserve);
     MetaValue tmp;
     for (uint64_t k = 0; k < n; ++k) {
       MR_RETURN_IF_ERROR(ReadScalar(r, e, &tmp, key));
-      v->arr_float[k] = tmp.f;
+      v->arr_float.push_back(tmp.f);
     }
   } else {
-    v->arr_int.resize(n);
+    v->arr_int.reserve(reserve);
     MetaValue tmp;
     for (uint64_t k = 0; k < n; ++k) {
       MR_RETURN_IF_ERROR(ReadScalar(r, e, &tmp, key));
-      v->arr_int[k] = tmp.i;
+      v->arr_int.push_back(tmp.i);
     }
   }
   return Status::Ok();

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,8 +30,12 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   return b;
 }
 
-void PatchU32(std::vector<uint8_t>& b, size_t at, uint32_t v) { std::memcpy(&b[at], &v, 4); }
-void PatchU64(std::vector<uint8_t>& b, size_t at, uint64_t v) { std::memcpy(&b[at], &v, 8); }
+void PatchU32(std::vector<uint8_t>& b, size_t at, uint32_t v) {
+  std::memcpy(&b[at], &v, 4);
+}
+void PatchU64(std::vector<uint8_t>& b, size_t at, uint64_t v) {
+  std::memcpy(&b[at], &v, 8);
+}
 
 Result<std::unique_ptr<GgufFile>> ParseBytes(const std::vector<uint8_t>& b) {
   return GgufFile::Parse(b.data(), b.size());
@@ -145,8 +151,7 @@ TEST(GgufRoundTrip, EveryMetadataTypeV2AndV3) {
     GgufWriter w2(version);
     for (const auto& [key, value] : g.metadata()) ASSERT_TRUE(w2.SetValue(key, value).ok()) << key;
     for (const TensorInfo& t : g.tensors()) {
-      ASSERT_TRUE(w2.AddTensor(t.name, t.type, t.dims,
-                               std::vector<uint8_t>(t.data, t.data + t.n_bytes)).ok());
+      ASSERT_TRUE(w2.AddTensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.n_bytes)).ok());
     }
     EXPECT_EQ(w2.Serialize(), img);
   }
@@ -155,16 +160,22 @@ TEST(GgufRoundTrip, EveryMetadataTypeV2AndV3) {
 TEST(GgufRoundTrip, TensorsOfManyTypesDataAndLayout) {
   GgufWriter w;
   w.SetString("general.architecture", "test");
-  struct Spec { const char* name; uint32_t type; std::vector<int64_t> dims; size_t bytes; };
+  struct Spec {
+    const char* name;
+    uint32_t type;
+    std::vector<int64_t> dims;
+    size_t bytes;
+  };
   const std::vector<Spec> specs = {
-      {"f32", kF32, {3, 5}, 60},            {"f16", kF16, {7}, 14},
-      {"bf16", kBF16, {2, 2, 2}, 16},       {"q4_0", kQ4_0, {64, 3}, 2 * 3 * 18},
-      {"q8_0", kQ8_0, {32, 1, 1, 2}, 68},   {"q4_k", kQ4_K, {256, 2}, 288},
+      {"f32", kF32, {3, 5}, 60},          {"f16", kF16, {7}, 14},
+      {"bf16", kBF16, {2, 2, 2}, 16},     {"q4_0", kQ4_0, {64, 3}, 2 * 3 * 18},
+      {"q8_0", kQ8_0, {32, 1, 1, 2}, 68}, {"q4_k", kQ4_K, {256, 2}, 288},
       {"q6_k", kQ6_K, {512}, 420},
   };
   for (size_t k = 0; k < specs.size(); ++k) {
-    ASSERT_TRUE(w.AddTensor(specs[k].name, specs[k].type, specs[k].dims,
-                            Bytes(specs[k].bytes, static_cast<uint8_t>(k))).ok()) << k;
+    ASSERT_TRUE(
+        w.AddTensor(specs[k].name, specs[k].type, specs[k].dims, Bytes(specs[k].bytes, static_cast<uint8_t>(k))).ok())
+        << k;
   }
   GgufWriter::Layout layout;
   const std::vector<uint8_t> img = w.Serialize(&layout);
@@ -181,8 +192,7 @@ TEST(GgufRoundTrip, TensorsOfManyTypesDataAndLayout) {
     EXPECT_EQ(t->offset % 32, 0u);
     EXPECT_EQ(t->offset, layout.tensor_data_offset[k]);
     EXPECT_EQ(t->data, img.data() + layout.data_pos + t->offset);
-    EXPECT_EQ(std::vector<uint8_t>(t->data, t->data + t->n_bytes),
-              Bytes(specs[k].bytes, static_cast<uint8_t>(k)));
+    EXPECT_EQ(std::vector<uint8_t>(t->data, t->data + t->n_bytes), Bytes(specs[k].bytes, static_cast<uint8_t>(k)));
   }
   const TensorInfo* t = (*f)->FindTensor("f32");
   EXPECT_EQ(t->cols(), 3);
@@ -222,9 +232,13 @@ TEST(GgufRoundTrip, NoTensorsNoMetadata) {
 }
 
 TEST(GgufRoundTrip, WriteFileAndOpen) {
-  const std::string path = ::testing::TempDir() + "/gguf_test_" + std::to_string(::getpid()) +
-                           ".gguf";
+  const std::string path = ::testing::TempDir() + "/gguf_test_" + std::to_string(::getpid()) + ".gguf";
   ASSERT_TRUE(SmallModel().WriteFile(path).ok());
+  {  // the streamed file is byte-identical to the in-memory image
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<uint8_t> disk((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_EQ(disk, SmallModel().Serialize());
+  }
   auto f = GgufFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ((*f)->path(), path);
@@ -257,14 +271,14 @@ TEST(GgufWriter, SetReplacesInPlaceAndChecksTensors) {
   ASSERT_EQ((*f)->metadata().size(), 1u);
   EXPECT_EQ((*f)->GetString("a"), "now a string");
 
-  EXPECT_FALSE(w.AddTensor("t", kQ8_0, {33}, Bytes(34, 0)).ok());        // not block multiple
-  EXPECT_FALSE(w.AddTensor("t", kQ8_0, {32}, Bytes(33, 0)).ok());        // wrong byte count
-  EXPECT_FALSE(w.AddTensor("t", 999, {32}, Bytes(32, 0)).ok());          // unknown type
-  EXPECT_FALSE(w.AddTensor("t", kF32, {}, {}).ok());                     // no dims
+  EXPECT_FALSE(w.AddTensor("t", kQ8_0, {33}, Bytes(34, 0)).ok());           // not block multiple
+  EXPECT_FALSE(w.AddTensor("t", kQ8_0, {32}, Bytes(33, 0)).ok());           // wrong byte count
+  EXPECT_FALSE(w.AddTensor("t", 999, {32}, Bytes(32, 0)).ok());             // unknown type
+  EXPECT_FALSE(w.AddTensor("t", kF32, {}, {}).ok());                        // no dims
   EXPECT_FALSE(w.AddTensor("t", kF32, {1, 1, 1, 1, 1}, Bytes(4, 0)).ok());  // 5 dims
-  EXPECT_FALSE(w.AddTensor("t", kF32, {0}, {}).ok());                    // zero dim
+  EXPECT_FALSE(w.AddTensor("t", kF32, {0}, {}).ok());                       // zero dim
   ASSERT_TRUE(w.AddTensor("t", kF32, {1}, Bytes(4, 0)).ok());
-  EXPECT_FALSE(w.AddTensor("t", kF32, {1}, Bytes(4, 0)).ok());           // duplicate
+  EXPECT_FALSE(w.AddTensor("t", kF32, {1}, Bytes(4, 0)).ok());  // duplicate
   MetaValue bad;
   bad.type = static_cast<ValueType>(77);
   EXPECT_FALSE(w.SetValue("bad", bad).ok());
@@ -294,8 +308,7 @@ std::vector<uint8_t> Truncate(std::vector<uint8_t> b, size_t n) {
 }
 
 // The small model with its first tensor's info patched by `patch(bytes, layout)`.
-std::vector<uint8_t> PatchedModel(
-    const std::function<void(std::vector<uint8_t>&, const GgufWriter::Layout&)>& patch) {
+std::vector<uint8_t> PatchedModel(const std::function<void(std::vector<uint8_t>&, const GgufWriter::Layout&)>& patch) {
   GgufWriter::Layout layout;
   std::vector<uint8_t> b = SmallModel().Serialize(&layout);
   patch(b, layout);
@@ -335,193 +348,334 @@ std::vector<CorruptCase> CorruptCases() {
   // -- Header
   c.push_back({"EmptyFile", [] { return std::vector<uint8_t>{}; }, {"truncated"}});
   c.push_back({"TruncatedMagic", [=] { return Truncate(good, 3); }, {"truncated", "magic"}});
-  c.push_back({"BadMagic", [=] { auto b = good; b[0] = 'X'; return b; }, {"magic"}});
-  c.push_back({"BadMagicGGML", [] { ByteSink s; s.Bytes("GGML", 4); s.U32(3); s.U64(0); s.U64(0);
-                                     return s.Take(); }, {"magic"}});
+  c.push_back({"BadMagic",
+               [=] {
+                 auto b = good;
+                 b[0] = 'X';
+                 return b;
+               },
+               {"magic"}});
+  c.push_back({"BadMagicGGML",
+               [] {
+                 ByteSink s;
+                 s.Bytes("GGML", 4);
+                 s.U32(3);
+                 s.U64(0);
+                 s.U64(0);
+                 return s.Take();
+               },
+               {"magic"}});
   c.push_back({"TruncatedVersion", [=] { return Truncate(good, 6); }, {"version"}});
   c.push_back({"Version0", [] { return Header(0, 0, 0).Take(); }, {"version", "0"}});
   c.push_back({"Version1", [] { return Header(1, 0, 0).Take(); }, {"version", "1"}});
   c.push_back({"Version4", [] { return Header(4, 0, 0).Take(); }, {"version", "4"}});
-  c.push_back({"VersionByteSwapped", [] { return Header(0x03000000, 0, 0).Take(); },
-               {"version"}});
+  c.push_back({"VersionByteSwapped", [] { return Header(0x03000000, 0, 0).Take(); }, {"version"}});
   c.push_back({"TruncatedTensorCount", [=] { return Truncate(good, 12); }, {"tensor count"}});
   c.push_back({"TruncatedKvCount", [=] { return Truncate(good, 20); }, {"truncated"}});
-  c.push_back({"HugeTensorCount", [=] { auto b = good; PatchU64(b, L.tensor_count_pos, ~0ull);
-                                        return b; }, {"tensor count"}});
-  c.push_back({"TensorCount2Pow40", [=] { auto b = good;
-                                          PatchU64(b, L.tensor_count_pos, 1ull << 40);
-                                          return b; }, {"tensor count"}});
-  c.push_back({"HugeKvCount", [=] { auto b = good; PatchU64(b, L.kv_count_pos, ~0ull);
-                                    return b; }, {"metadata count"}});
-  c.push_back({"KvCountOneTooMany", [=] { auto b = good;
-                                          PatchU64(b, L.kv_count_pos, L.kv_pos.size() + 1);
-                                          return b; }, {}});
-  c.push_back({"TensorCountOneTooMany", [=] {
+  c.push_back({"HugeTensorCount",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.tensor_count_pos, ~0ull);
+                 return b;
+               },
+               {"tensor count"}});
+  c.push_back({"TensorCount2Pow40",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.tensor_count_pos, 1ull << 40);
+                 return b;
+               },
+               {"tensor count"}});
+  c.push_back({"HugeKvCount",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.kv_count_pos, ~0ull);
+                 return b;
+               },
+               {"metadata count"}});
+  c.push_back({"KvCountOneTooMany",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.kv_count_pos, L.kv_pos.size() + 1);
+                 return b;
+               },
+               {}});
+  c.push_back({"TensorCountOneTooMany",
+               [=] {
                  auto b = good;
                  PatchU64(b, L.tensor_count_pos, L.tensor_info_pos.size() + 1);
-                 return b; }, {}});
+                 return b;
+               },
+               {}});
 
   // -- Metadata
   // The up-front count check catches this one (5 kvs cannot fit in what is left).
-  c.push_back({"TruncatedInKeyLength", [=] { return Truncate(good, L.kv_pos[1] + 4); },
-               {"metadata count"}});
-  c.push_back({"TruncatedInKey", [] {
+  c.push_back({"TruncatedInKeyLength", [=] { return Truncate(good, L.kv_pos[1] + 4); }, {"metadata count"}});
+  c.push_back({"TruncatedInKey",
+               [] {
                  ByteSink s = Header(3, 0, 1);
                  s.U64(30);
                  s.Bytes("general.architectur", 19);
-                 return s.Take(); }, {"key", "30"}});
-  c.push_back({"HugeKeyLength", [=] { auto b = good; PatchU64(b, L.kv_pos[0], ~0ull);
-                                      return b; }, {"length"}});
-  c.push_back({"KeyLengthPastEnd", [=] { auto b = good; PatchU64(b, L.kv_pos[0], b.size());
-                                         return b; }, {"length"}});
-  c.push_back({"EmptyKey", [] { GgufWriter w; w.SetU32("", 1); return w.Serialize(); },
+                 return s.Take();
+               },
+               {"key", "30"}});
+  c.push_back({"HugeKeyLength",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.kv_pos[0], ~0ull);
+                 return b;
+               },
+               {"length"}});
+  c.push_back({"KeyLengthPastEnd",
+               [=] {
+                 auto b = good;
+                 PatchU64(b, L.kv_pos[0], b.size());
+                 return b;
+               },
+               {"length"}});
+  c.push_back({"EmptyKey",
+               [] {
+                 GgufWriter w;
+                 w.SetU32("", 1);
+                 return w.Serialize();
+               },
                {"empty"}});
-  c.push_back({"TruncatedInValue", [] {
+  c.push_back({"TruncatedInValue",
+               [] {
                  ByteSink s = Header(3, 0, 1);
                  s.Str("general.some_long_key");
                  s.U32(static_cast<uint32_t>(ValueType::kU64));
                  s.U32(7);  // half of the u64
-                 return s.Take(); }, {"truncated", "metadata value"}});
-  c.push_back({"HugeStringValueLength", [] {
+                 return s.Take();
+               },
+               {"truncated", "general.some_long_key"}});
+  c.push_back({"HugeStringValueLength",
+               [] {
                  GgufWriter w;
-                 ByteSink v; v.U64(1ull << 62); v.Bytes("abc", 3);
+                 ByteSink v;
+                 v.U64(1ull << 62);
+                 v.Bytes("abc", 3);
                  w.AddRawKv("general.name", static_cast<uint32_t>(ValueType::kString), v.Take());
-                 return w.Serialize(); }, {"length"}});
-  c.push_back({"UnknownValueType", [] {
-                 GgufWriter w; w.AddRawKv("weird.key", 13, {1, 2, 3, 4}); return w.Serialize(); },
+                 return w.Serialize();
+               },
+               {"length"}});
+  c.push_back({"UnknownValueType",
+               [] {
+                 GgufWriter w;
+                 w.AddRawKv("weird.key", 13, {1, 2, 3, 4});
+                 return w.Serialize();
+               },
                {"weird.key", "13"}});
-  c.push_back({"UnknownValueTypeHuge", [] {
-                 GgufWriter w; w.AddRawKv("weird.key", 0xFFFFFFFF, {0}); return w.Serialize(); },
+  c.push_back({"UnknownValueTypeHuge",
+               [] {
+                 GgufWriter w;
+                 w.AddRawKv("weird.key", 0xFFFFFFFF, {0});
+                 return w.Serialize();
+               },
                {"weird.key"}});
-  c.push_back({"BoolValueNotZeroOrOne", [] {
-                 GgufWriter w; w.AddRawKv("flag", static_cast<uint32_t>(ValueType::kBool), {7});
-                 return w.Serialize(); }, {"flag"}});
-  c.push_back({"HugeArrayLengthU32", [] {
-                 GgufWriter w; ByteSink v;
-                 v.U32(static_cast<uint32_t>(ValueType::kU32)); v.U64(1ull << 62); v.U32(1);
+  c.push_back({"BoolValueNotZeroOrOne",
+               [] {
+                 GgufWriter w;
+                 w.AddRawKv("flag", static_cast<uint32_t>(ValueType::kBool), {7});
+                 return w.Serialize();
+               },
+               {"flag"}});
+  c.push_back({"HugeArrayLengthU32",
+               [] {
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(static_cast<uint32_t>(ValueType::kU32));
+                 v.U64(1ull << 62);
+                 v.U32(1);
                  w.AddRawKv("arr", static_cast<uint32_t>(ValueType::kArray), v.Take());
-                 return w.Serialize(); }, {"arr", "array"}});
-  c.push_back({"ArrayLengthTimesWidthOverflows", [] {
-                 GgufWriter w; ByteSink v;
-                 v.U32(static_cast<uint32_t>(ValueType::kU64)); v.U64((1ull << 61) + 1);
+                 return w.Serialize();
+               },
+               {"arr", "array"}});
+  c.push_back({"ArrayLengthTimesWidthOverflows",
+               [] {
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(static_cast<uint32_t>(ValueType::kU64));
+                 v.U64((1ull << 61) + 1);
                  v.U64(0);
                  w.AddRawKv("arr", static_cast<uint32_t>(ValueType::kArray), v.Take());
-                 return w.Serialize(); }, {"arr"}});
-  c.push_back({"HugeStringArrayLength", [] {
-                 GgufWriter w; ByteSink v;
-                 v.U32(static_cast<uint32_t>(ValueType::kString)); v.U64(~0ull); v.Str("a");
-                 w.AddRawKv("tokenizer.ggml.tokens", static_cast<uint32_t>(ValueType::kArray),
-                            v.Take());
-                 return w.Serialize(); }, {"tokenizer.ggml.tokens"}});
-  c.push_back({"StringInArrayTooLong", [] {
-                 GgufWriter w; ByteSink v;
-                 v.U32(static_cast<uint32_t>(ValueType::kString)); v.U64(2); v.Str("ok");
-                 v.U64(1ull << 40); v.Bytes("zz", 2);
+                 return w.Serialize();
+               },
+               {"arr"}});
+  c.push_back({"HugeStringArrayLength",
+               [] {
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(static_cast<uint32_t>(ValueType::kString));
+                 v.U64(~0ull);
+                 v.Str("a");
+                 w.AddRawKv("tokenizer.ggml.tokens", static_cast<uint32_t>(ValueType::kArray), v.Take());
+                 return w.Serialize();
+               },
+               {"tokenizer.ggml.tokens"}});
+  c.push_back({"StringInArrayTooLong",
+               [] {
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(static_cast<uint32_t>(ValueType::kString));
+                 v.U64(2);
+                 v.Str("ok");
+                 v.U64(1ull << 40);
+                 v.Bytes("zz", 2);
                  w.AddRawKv("strs", static_cast<uint32_t>(ValueType::kArray), v.Take());
-                 return w.Serialize(); }, {"length"}});
-  c.push_back({"ArrayOfUnknownType", [] {
-                 GgufWriter w; ByteSink v; v.U32(42); v.U64(1); v.U32(0);
+                 return w.Serialize();
+               },
+               {"length"}});
+  c.push_back({"ArrayOfUnknownType",
+               [] {
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(42);
+                 v.U64(1);
+                 v.U32(0);
                  w.AddRawKv("arr", static_cast<uint32_t>(ValueType::kArray), v.Take());
-                 return w.Serialize(); }, {"arr", "42"}});
+                 return w.Serialize();
+               },
+               {"arr", "42"}});
   c.push_back({"NestedArrayBombDeep", [] { return NestedArrays(100000); }, {"bomb"}});
-  c.push_back({"NestedArrayBombWide", [] {
+  c.push_back({"NestedArrayBombWide",
+               [] {
                  // An array claiming 2^40 empty inner arrays: each needs >= 12 bytes.
-                 GgufWriter w; ByteSink v;
-                 v.U32(static_cast<uint32_t>(ValueType::kArray)); v.U64(1ull << 40);
-                 for (int k = 0; k < 4; ++k) { v.U32(static_cast<uint32_t>(ValueType::kU8));
-                                               v.U64(0); }
+                 GgufWriter w;
+                 ByteSink v;
+                 v.U32(static_cast<uint32_t>(ValueType::kArray));
+                 v.U64(1ull << 40);
+                 for (int k = 0; k < 4; ++k) {
+                   v.U32(static_cast<uint32_t>(ValueType::kU8));
+                   v.U64(0);
+                 }
                  w.AddRawKv("bomb", static_cast<uint32_t>(ValueType::kArray), v.Take());
-                 return w.Serialize(); }, {"bomb"}});
-  c.push_back({"DuplicateKey", [] {
-                 GgufWriter w; w.SetU32("dup.key", 1);
-                 ByteSink v; v.U32(2);
+                 return w.Serialize();
+               },
+               {"bomb"}});
+  c.push_back({"DuplicateKey",
+               [] {
+                 GgufWriter w;
+                 w.SetU32("dup.key", 1);
+                 ByteSink v;
+                 v.U32(2);
                  w.AddRawKv("dup.key", static_cast<uint32_t>(ValueType::kU32), v.Take());
-                 return w.Serialize(); }, {"duplicate", "dup.key"}});
-  c.push_back({"AlignmentZero", [] {
-                 GgufWriter w; w.SetAlignment(0);
+                 return w.Serialize();
+               },
+               {"duplicate", "dup.key"}});
+  c.push_back({"AlignmentZero",
+               [] {
+                 GgufWriter w;
+                 w.SetAlignment(0);
                  EXPECT_TRUE(w.AddTensor("t", kF32, {1}, Bytes(4, 0)).ok());
-                 return w.Serialize(); }, {"general.alignment"}});
-  c.push_back({"AlignmentNotPowerOfTwo", [] {
-                 GgufWriter w; w.SetAlignment(48);
+                 return w.Serialize();
+               },
+               {"general.alignment"}});
+  c.push_back({"AlignmentNotPowerOfTwo",
+               [] {
+                 GgufWriter w;
+                 w.SetAlignment(48);
                  EXPECT_TRUE(w.AddTensor("t", kF32, {1}, Bytes(4, 0)).ok());
-                 return w.Serialize(); }, {"general.alignment", "48"}});
-  c.push_back({"AlignmentWrongType", [] {
-                 GgufWriter w; w.SetString("general.alignment", "32");
-                 return w.Serialize(); }, {"general.alignment"}});
-  c.push_back({"AlignmentNegative", [] {
-                 GgufWriter w; w.SetI32("general.alignment", -32);
-                 return w.Serialize(); }, {"general.alignment"}});
+                 return w.Serialize();
+               },
+               {"general.alignment", "48"}});
+  c.push_back({"AlignmentWrongType",
+               [] {
+                 GgufWriter w;
+                 w.SetString("general.alignment", "32");
+                 return w.Serialize();
+               },
+               {"general.alignment"}});
+  c.push_back({"AlignmentNegative",
+               [] {
+                 GgufWriter w;
+                 w.SetI32("general.alignment", -32);
+                 return w.Serialize();
+               },
+               {"general.alignment"}});
 
   // -- Tensor infos
-  c.push_back({"TruncatedInTensorName", [=] { return Truncate(good, L.tensor_info_pos[1] + 9); },
-               {"tensor name"}});
-  c.push_back({"TruncatedInTensorInfo", [=] { return Truncate(good, L.tensor_type_pos[1] + 2); },
-               {"truncated"}});
-  c.push_back({"TruncatedBeforeDataSection", [=] { return Truncate(good, L.data_pos - 1); },
-               {}});
-  c.push_back({"TruncatedInLastTensorData", [=] {
-                 return Truncate(good, L.data_pos + L.tensor_data_offset[2] + 4); },
+  c.push_back({"TruncatedInTensorName", [=] { return Truncate(good, L.tensor_info_pos[1] + 9); }, {"tensor name"}});
+  c.push_back({"TruncatedInTensorInfo", [=] { return Truncate(good, L.tensor_type_pos[1] + 2); }, {"truncated"}});
+  c.push_back({"TruncatedBeforeDataSection", [=] { return Truncate(good, L.data_pos - 1); }, {}});
+  c.push_back({"TruncatedInLastTensorData",
+               [=] { return Truncate(good, L.data_pos + L.tensor_data_offset[2] + 4); },
                {"output_norm.weight"}});
-  c.push_back({"HugeTensorNameLength", [=] {
-                 return PatchedModel([](auto& b, const auto& l) {
-                   PatchU64(b, l.tensor_info_pos[0], 1ull << 63); }); }, {"length"}});
-  c.push_back({"EmptyTensorName", [] {
-                 GgufWriter w; w.AddTensorRaw("", kF32, {1}, Bytes(4, 0));
-                 return w.Serialize(); }, {"empty"}});
+  c.push_back(
+      {"HugeTensorNameLength",
+       [=] { return PatchedModel([](auto& b, const auto& l) { PatchU64(b, l.tensor_info_pos[0], 1ull << 63); }); },
+       {"length"}});
+  c.push_back({"EmptyTensorName",
+               [] {
+                 GgufWriter w;
+                 w.AddTensorRaw("", kF32, {1}, Bytes(4, 0));
+                 return w.Serialize();
+               },
+               {"empty"}});
   c.push_back({"NDimsZero", [] { return OneTensor({}, kF32, 4); }, {"'t'", "n_dims"}});
-  c.push_back({"NDimsFive", [] { return OneTensor({1, 1, 1, 1, 1}, kF32, 4); },
-               {"'t'", "n_dims"}});
-  c.push_back({"NDimsHuge", [=] {
+  c.push_back({"NDimsFive", [] { return OneTensor({1, 1, 1, 1, 1}, kF32, 4); }, {"'t'", "n_dims"}});
+  c.push_back({"NDimsHuge",
+               [=] {
                  return PatchedModel([](auto& b, const auto& l) {
                    // n_dims follows the name: u64 length + "tok_embd.weight" (15 bytes).
-                   PatchU32(b, l.tensor_info_pos[0] + 8 + 15, 0xFFFFFFFF); }); },
+                   PatchU32(b, l.tensor_info_pos[0] + 8 + 15, 0xFFFFFFFF);
+                 });
+               },
                {"tok_embd.weight", "n_dims"}});
   c.push_back({"DimZero", [] { return OneTensor({4, 0}, kF32, 0); }, {"'t'", "dimension"}});
   c.push_back({"DimNegative", [] { return OneTensor({-4}, kF32, 16); }, {"'t'", "dimension"}});
-  c.push_back({"DimProductOverflows", [] {
-                 return OneTensor({1ll << 32, 1ll << 32}, kF32, 4); }, {"'t'", "overflow"}});
-  c.push_back({"DimProductOverflowsInt64", [] {
-                 return OneTensor({1ll << 62, 4}, kF32, 4); }, {"'t'", "overflow"}});
-  c.push_back({"ByteSizeHugeButElementsFit", [] {
+  c.push_back({"DimProductOverflows", [] { return OneTensor({1ll << 32, 1ll << 32}, kF32, 4); }, {"'t'", "overflow"}});
+  c.push_back({"DimProductOverflowsInt64", [] { return OneTensor({1ll << 62, 4}, kF32, 4); }, {"'t'", "overflow"}});
+  c.push_back({"ByteSizeHugeButElementsFit",
+               [] {
                  // 2^60 f32 elements: the element count fits in int64, the byte size not the file.
-                 return OneTensor({1ll << 30, 1ll << 30}, kF32, 4); }, {"'t'"}});
-  c.push_back({"RowNotMultipleOfBlock", [] { return OneTensor({33}, kQ8_0, 34); },
-               {"'t'", "33"}});
+                 return OneTensor({1ll << 30, 1ll << 30}, kF32, 4);
+               },
+               {"'t'"}});
+  c.push_back({"RowNotMultipleOfBlock", [] { return OneTensor({33}, kQ8_0, 34); }, {"'t'", "33"}});
   c.push_back({"UnknownTensorType", [] { return OneTensor({4}, 99, 16); }, {"'t'", "99"}});
   c.push_back({"UnknownTensorTypeGap", [] { return OneTensor({32}, 4, 18); }, {"'t'", "4"}});
-  c.push_back({"UnknownTensorTypeHuge", [] { return OneTensor({4}, 0x80000000u, 16); },
-               {"'t'", "2147483648"}});
-  c.push_back({"OffsetPastEnd", [] { return OneTensor({4}, kF32, 16, 1ull << 20); },
-               {"'t'", "past the end"}});
-  c.push_back({"OffsetHugeOverflows", [] { return OneTensor({4}, kF32, 16, ~0ull - 31); },
-               {"'t'"}});
-  c.push_back({"OffsetNotAligned", [] { return OneTensor({4}, kF32, 16, 4); },
-               {"'t'", "align"}});
-  c.push_back({"DataRunsPastEnd", [] { return OneTensor({64}, kF32, 16); },
-               {"'t'", "past the end"}});
-  c.push_back({"OverlappingTensors", [] {
+  c.push_back({"UnknownTensorTypeHuge", [] { return OneTensor({4}, 0x80000000u, 16); }, {"'t'", "2147483648"}});
+  c.push_back({"OffsetPastEnd", [] { return OneTensor({4}, kF32, 16, 1ull << 20); }, {"'t'", "past the end"}});
+  c.push_back({"OffsetHugeOverflows", [] { return OneTensor({4}, kF32, 16, ~0ull - 31); }, {"'t'"}});
+  c.push_back({"OffsetNotAligned", [] { return OneTensor({4}, kF32, 16, 4); }, {"'t'", "align"}});
+  c.push_back({"DataRunsPastEnd", [] { return OneTensor({64}, kF32, 16); }, {"'t'", "past the end"}});
+  c.push_back({"OverlappingTensors",
+               [] {
                  GgufWriter w;
                  w.AddTensorRaw("a", kF32, {16}, Bytes(64, 1), 0);
                  w.AddTensorRaw("b", kF32, {16}, Bytes(64, 2), 32);
-                 return w.Serialize(); }, {"overlap", "'a'", "'b'"}});
-  c.push_back({"SameOffsetTensors", [] {
+                 return w.Serialize();
+               },
+               {"overlap", "'a'", "'b'"}});
+  c.push_back({"SameOffsetTensors",
+               [] {
                  GgufWriter w;
                  w.AddTensorRaw("a", kF32, {8}, Bytes(32, 1), 0);
                  w.AddTensorRaw("b", kF32, {8}, Bytes(32, 2), 0);
-                 return w.Serialize(); }, {"overlap"}});
-  c.push_back({"DuplicateTensorNames", [] {
+                 return w.Serialize();
+               },
+               {"overlap"}});
+  c.push_back({"DuplicateTensorNames",
+               [] {
                  GgufWriter w;
                  w.AddTensorRaw("same", kF32, {8}, Bytes(32, 1));
                  w.AddTensorRaw("same", kF32, {8}, Bytes(32, 2));
-                 return w.Serialize(); }, {"duplicate", "same"}});
-  c.push_back({"TensorTypePatchedToQ4K", [=] {
+                 return w.Serialize();
+               },
+               {"duplicate", "same"}});
+  c.push_back({"TensorTypePatchedToQ4K",
+               [=] {
                  // q4_K needs rows of 256: the f32 tensor's 4 columns are not a block multiple.
-                 return PatchedModel([](auto& b, const auto& l) {
-                   PatchU32(b, l.tensor_type_pos[0], kQ4_K); }); }, {"tok_embd.weight"}});
+                 return PatchedModel([](auto& b, const auto& l) { PatchU32(b, l.tensor_type_pos[0], kQ4_K); });
+               },
+               {"tok_embd.weight"}});
   return c;
 }
 
-void PrintTo(const CorruptCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const CorruptCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class GgufCorrupt : public ::testing::TestWithParam<CorruptCase> {};
 
@@ -539,9 +693,7 @@ TEST_P(GgufCorrupt, FailsWithUsefulMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GgufCorrupt, ::testing::ValuesIn(CorruptCases()),
-                         [](const ::testing::TestParamInfo<CorruptCase>& i) {
-                           return i.param.name;
-                         });
+                         [](const ::testing::TestParamInfo<CorruptCase>& i) { return i.param.name; });
 
 TEST(GgufCorruptSweep, EveryTruncationBeforeTheLastTensorEndFails) {
   GgufWriter::Layout layout;
@@ -571,9 +723,15 @@ TEST(GgufCorruptSweep, RandomByteMutationsNeverCrash) {
     for (int m = 0; m < n_mut; ++m) {
       const size_t at = rng() % b.size();
       switch (rng() % 3) {
-        case 0: b[at] = static_cast<uint8_t>(rng()); break;
-        case 1: b[at] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
-        default: b[at] = (rng() & 1) ? 0xFF : 0x00; break;
+        case 0:
+          b[at] = static_cast<uint8_t>(rng());
+          break;
+        case 1:
+          b[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+          break;
+        default:
+          b[at] = (rng() & 1) ? 0xFF : 0x00;
+          break;
       }
     }
     if (rng() % 4 == 0) b.resize(rng() % b.size());
@@ -642,9 +800,11 @@ void CheckRealModel(const RealModel& m) {
 TEST(GgufRealModel, SmolLM2) {
   CheckRealModel({{"SmolLM2-135M-Instruct.Q4_1.gguf"}, "llama", 30 * 9 + 2});
 }
-TEST(GgufRealModel, Gemma3) { CheckRealModel({{"gemma-3-270m-q4_k_m.gguf"}, "gemma3", 18 * 9}); }
+TEST(GgufRealModel, Gemma3) {
+  CheckRealModel({{"gemma-3-270m-q4_k_m.gguf"}, "gemma3", 18 * 9});
+}
 TEST(GgufRealModel, Qwen05) {
-  CheckRealModel({{"qwen2.5-coder-0.5b-q4.gguf", "qwen05.gguf"}, "qwen2", 24 * 12});
+  CheckRealModel({{"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}, "qwen2", 24 * 12});
 }
 TEST(GgufRealModel, Qwen15) {
   CheckRealModel({{"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}, "qwen2", 28 * 12});

@@ -1,5 +1,6 @@
 #include "model/gguf_writer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -11,23 +12,43 @@ namespace {
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 
-bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool IsPowerOfTwo(uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 // Size in bytes of one scalar element of `t`, 0 for string/array/unknown.
 size_t ScalarBytes(ValueType t) {
   switch (t) {
-    case ValueType::kU8: case ValueType::kI8: case ValueType::kBool: return 1;
-    case ValueType::kU16: case ValueType::kI16: return 2;
-    case ValueType::kU32: case ValueType::kI32: case ValueType::kF32: return 4;
-    case ValueType::kU64: case ValueType::kI64: case ValueType::kF64: return 8;
-    default: return 0;
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kU16:
+    case ValueType::kI16:
+      return 2;
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kF32:
+      return 4;
+    case ValueType::kU64:
+    case ValueType::kI64:
+    case ValueType::kF64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 bool IsIntegerType(ValueType t) {
   switch (t) {
-    case ValueType::kU8: case ValueType::kI8: case ValueType::kU16: case ValueType::kI16:
-    case ValueType::kU32: case ValueType::kI32: case ValueType::kU64: case ValueType::kI64:
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kU16:
+    case ValueType::kI16:
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kU64:
+    case ValueType::kI64:
     case ValueType::kBool:
       return true;
     default:
@@ -39,26 +60,48 @@ bool IsIntegerType(ValueType t) {
 void PutInt(ByteSink& s, ValueType t, int64_t v) {
   const auto u = static_cast<uint64_t>(v);
   switch (ScalarBytes(t)) {
-    case 1: s.U8(static_cast<uint8_t>(u)); break;
-    case 2: s.U16(static_cast<uint16_t>(u)); break;
-    case 4: s.U32(static_cast<uint32_t>(u)); break;
-    default: s.U64(u); break;
+    case 1:
+      s.U8(static_cast<uint8_t>(u));
+      break;
+    case 2:
+      s.U16(static_cast<uint16_t>(u));
+      break;
+    case 4:
+      s.U32(static_cast<uint32_t>(u));
+      break;
+    default:
+      s.U64(u);
+      break;
   }
 }
 
 // Writes the payload (no type id) of `v`. Returns false on an invalid type.
 bool PutValue(ByteSink& s, const MetaValue& v) {
   switch (v.type) {
-    case ValueType::kU8: case ValueType::kU16: case ValueType::kU32: case ValueType::kU64:
+    case ValueType::kU8:
+    case ValueType::kU16:
+    case ValueType::kU32:
+    case ValueType::kU64:
       PutInt(s, v.type, static_cast<int64_t>(v.u));
       return true;
-    case ValueType::kI8: case ValueType::kI16: case ValueType::kI32: case ValueType::kI64:
+    case ValueType::kI8:
+    case ValueType::kI16:
+    case ValueType::kI32:
+    case ValueType::kI64:
       PutInt(s, v.type, v.i);
       return true;
-    case ValueType::kBool: s.U8(v.b ? 1 : 0); return true;
-    case ValueType::kF32: s.F32(static_cast<float>(v.f)); return true;
-    case ValueType::kF64: s.F64(v.f); return true;
-    case ValueType::kString: s.Str(v.s); return true;
+    case ValueType::kBool:
+      s.U8(v.b ? 1 : 0);
+      return true;
+    case ValueType::kF32:
+      s.F32(static_cast<float>(v.f));
+      return true;
+    case ValueType::kF64:
+      s.F64(v.f);
+      return true;
+    case ValueType::kString:
+      s.Str(v.s);
+      return true;
     case ValueType::kArray: {
       s.U32(static_cast<uint32_t>(v.elem_type));
       if (IsIntegerType(v.elem_type)) {
@@ -136,11 +179,11 @@ void GgufWriter::Put(std::string_view key, ValueType type, std::vector<uint8_t> 
   kvs_.push_back(Kv{std::string(key), static_cast<uint32_t>(type), std::move(payload)});
 }
 
-#define MR_GGUF_SCALAR_SETTER(Name, CType, VType, SinkFn)      \
+#define MR_GGUF_SCALAR_SETTER(Name, CType, VType, SinkFn)     \
   void GgufWriter::Set##Name(std::string_view key, CType v) { \
-    ByteSink s;                                                \
-    s.SinkFn(v);                                               \
-    Put(key, ValueType::VType, s.Take());                      \
+    ByteSink s;                                               \
+    s.SinkFn(v);                                              \
+    Put(key, ValueType::VType, s.Take());                     \
   }
 MR_GGUF_SCALAR_SETTER(U8, uint8_t, kU8, U8)
 MR_GGUF_SCALAR_SETTER(I8, int8_t, kI8, U8)
@@ -159,10 +202,9 @@ void GgufWriter::SetBool(std::string_view key, bool v) {
   Put(key, ValueType::kBool, std::vector<uint8_t>{static_cast<uint8_t>(v ? 1 : 0)});
 }
 
-#define MR_GGUF_ARRAY_SETTER(Name, CType, VType, SinkFn)                                    \
-  void GgufWriter::SetArray##Name(std::string_view key, const std::vector<CType>& v) {     \
-    Put(key, ValueType::kArray,                                                            \
-        ArrayPayload(ValueType::VType, v, [](ByteSink& s, CType x) { s.SinkFn(x); }));     \
+#define MR_GGUF_ARRAY_SETTER(Name, CType, VType, SinkFn)                                                       \
+  void GgufWriter::SetArray##Name(std::string_view key, const std::vector<CType>& v) {                         \
+    Put(key, ValueType::kArray, ArrayPayload(ValueType::VType, v, [](ByteSink& s, CType x) { s.SinkFn(x); })); \
   }
 MR_GGUF_ARRAY_SETTER(U8, uint8_t, kU8, U8)
 MR_GGUF_ARRAY_SETTER(I8, int8_t, kI8, U8)
@@ -185,15 +227,13 @@ void GgufWriter::SetArrayBool(std::string_view key, const std::vector<bool>& v) 
 }
 
 void GgufWriter::SetArrayStr(std::string_view key, const std::vector<std::string>& v) {
-  Put(key, ValueType::kArray,
-      ArrayPayload(ValueType::kString, v, [](ByteSink& s, const std::string& x) { s.Str(x); }));
+  Put(key, ValueType::kArray, ArrayPayload(ValueType::kString, v, [](ByteSink& s, const std::string& x) { s.Str(x); }));
 }
 
 Status GgufWriter::SetValue(std::string_view key, const MetaValue& v) {
   ByteSink s;
   if (!PutValue(s, v)) {
-    return InvalidArgument("[gguf-writer] key '" + std::string(key) +
-                           "': value of invalid type " +
+    return InvalidArgument("[gguf-writer] key '" + std::string(key) + "': value of invalid type " +
                            std::to_string(static_cast<uint32_t>(v.type)) + " (element type " +
                            std::to_string(static_cast<uint32_t>(v.elem_type)) + ")");
   }
@@ -236,12 +276,10 @@ Status GgufWriter::AddTensor(std::string_view name, uint32_t type, std::vector<i
     n *= d;
   }
   if (dims[0] % traits->block_elems != 0) {
-    return InvalidArgument(where + "dims[0] = " + std::to_string(dims[0]) +
-                           " is not a multiple of the block size " +
+    return InvalidArgument(where + "dims[0] = " + std::to_string(dims[0]) + " is not a multiple of the block size " +
                            std::to_string(traits->block_elems) + " of " + traits->name);
   }
-  const auto expected = static_cast<uint64_t>(n / traits->block_elems) *
-                        static_cast<uint64_t>(traits->block_bytes);
+  const auto expected = static_cast<uint64_t>(n / traits->block_elems) * static_cast<uint64_t>(traits->block_bytes);
   if (bytes.size() != expected) {
     return InvalidArgument(where + "got " + std::to_string(bytes.size()) + " bytes, expected " +
                            std::to_string(expected));
@@ -268,21 +306,19 @@ uint64_t GgufWriter::LayoutAlignment() const {
   return kDefaultAlignment;
 }
 
-std::vector<uint8_t> GgufWriter::Serialize(Layout* layout) const {
+std::vector<uint8_t> GgufWriter::SerializeHeader(Layout* layout) const {
   Layout local;
   Layout& lay = layout != nullptr ? *layout : local;
   lay = Layout{};
   lay.alignment = LayoutAlignment();
 
   // Data offsets first: each tensor starts at an aligned offset within the data section.
-  std::vector<uint64_t> data_offsets;
   uint64_t data_size = 0;
   for (const Tensor& t : tensors_) {
-    data_offsets.push_back(data_size);
+    lay.tensor_data_offset.push_back(data_size);
     data_size += t.bytes.size();
     data_size = (data_size + lay.alignment - 1) / lay.alignment * lay.alignment;
   }
-  lay.tensor_data_offset = data_offsets;
 
   ByteSink s;
   s.U32(kMagic);
@@ -306,10 +342,18 @@ std::vector<uint8_t> GgufWriter::Serialize(Layout* layout) const {
     lay.tensor_type_pos.push_back(s.size());
     s.U32(t.type);
     lay.tensor_offset_pos.push_back(s.size());
-    s.U64(t.offset.value_or(data_offsets[i]));
+    s.U64(t.offset.value_or(lay.tensor_data_offset[i]));
   }
   s.PadTo(lay.alignment);
   lay.data_pos = s.size();
+  return s.Take();
+}
+
+std::vector<uint8_t> GgufWriter::Serialize(Layout* layout) const {
+  Layout local;
+  Layout& lay = layout != nullptr ? *layout : local;
+  ByteSink s;
+  s.Append(SerializeHeader(&lay));
   for (const Tensor& t : tensors_) {
     s.Append(t.bytes);
     s.PadTo(lay.alignment);
@@ -318,17 +362,34 @@ std::vector<uint8_t> GgufWriter::Serialize(Layout* layout) const {
 }
 
 Status GgufWriter::WriteFile(const std::string& path) const {
-  const std::vector<uint8_t> bytes = Serialize();
+  // Streams the tensors instead of building the whole image: converted models are gigabytes.
+  Layout lay;
+  const std::vector<uint8_t> header = SerializeHeader(&lay);
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
-    return IoError("[gguf-writer] cannot open '" + path + "' for writing: " +
-                   std::strerror(errno));
+    return IoError("[gguf-writer] cannot open '" + path + "' for writing: " + std::strerror(errno));
   }
-  const size_t written = bytes.empty() ? 0 : std::fwrite(bytes.data(), 1, bytes.size(), f);
+  uint64_t expected = header.size(), written = 0;
+  auto put = [&](const void* p, size_t n) {
+    if (n > 0) written += std::fwrite(p, 1, n, f);
+  };
+  put(header.data(), header.size());
+  static const uint8_t kZeros[4096] = {};
+  for (const Tensor& t : tensors_) {
+    put(t.bytes.data(), t.bytes.size());
+    expected += t.bytes.size();
+    uint64_t pad = (lay.alignment - expected % lay.alignment) % lay.alignment;
+    expected += pad;
+    while (pad > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(pad, sizeof kZeros));
+      put(kZeros, n);
+      pad -= n;
+    }
+  }
   const bool close_ok = std::fclose(f) == 0;
-  if (written != bytes.size() || !close_ok) {
-    return IoError("[gguf-writer] short write to '" + path + "': wrote " +
-                   std::to_string(written) + " of " + std::to_string(bytes.size()) + " bytes");
+  if (written != expected || !close_ok) {
+    return IoError("[gguf-writer] short write to '" + path + "': wrote " + std::to_string(written) + " of " +
+                   std::to_string(expected) + " bytes");
   }
   return Status::Ok();
 }

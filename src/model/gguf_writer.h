@@ -57,13 +57,13 @@ class GgufWriter {
  public:
   // Byte positions inside a Serialize() result, for tests that patch fields.
   struct Layout {
-    size_t tensor_count_pos = 0;             // u64 field in the header
-    size_t kv_count_pos = 0;                 // u64 field in the header
-    std::vector<size_t> kv_pos;              // start of each kv (its key length field)
-    std::vector<size_t> tensor_info_pos;     // start of each tensor info (its name length)
-    std::vector<size_t> tensor_type_pos;     // u32 type field of each tensor info
-    std::vector<size_t> tensor_offset_pos;   // u64 offset field of each tensor info
-    size_t data_pos = 0;                     // start of the data section
+    size_t tensor_count_pos = 0;               // u64 field in the header
+    size_t kv_count_pos = 0;                   // u64 field in the header
+    std::vector<size_t> kv_pos;                // start of each kv (its key length field)
+    std::vector<size_t> tensor_info_pos;       // start of each tensor info (its name length)
+    std::vector<size_t> tensor_type_pos;       // u32 type field of each tensor info
+    std::vector<size_t> tensor_offset_pos;     // u64 offset field of each tensor info
+    size_t data_pos = 0;                       // start of the data section
     std::vector<uint64_t> tensor_data_offset;  // offset of each tensor relative to data_pos
     uint64_t alignment = 32;
   };
@@ -113,21 +113,24 @@ class GgufWriter {
   // Adds a tensor; dims in ggml order (dims[0] contiguous). Fails if the name is taken, the
   // type is unknown, dims are not 1..4 positive values, dims[0] is not a multiple of the
   // block size, or bytes.size() differs from the size the type and dims imply.
-  Status AddTensor(std::string_view name, uint32_t type, std::vector<int64_t> dims,
-                   std::vector<uint8_t> bytes);
+  Status AddTensor(std::string_view name, uint32_t type, std::vector<int64_t> dims, std::vector<uint8_t> bytes);
   // Adds a tensor info without checks. dims are written verbatim as u64 (so negative values
   // appear as huge ones); `offset`, when set, is written instead of the computed offset (the
   // bytes are still placed at the computed position).
-  void AddTensorRaw(std::string_view name, uint32_t type, std::vector<int64_t> dims,
-                    std::vector<uint8_t> bytes, std::optional<uint64_t> offset = std::nullopt);
+  void AddTensorRaw(std::string_view name, uint32_t type, std::vector<int64_t> dims, std::vector<uint8_t> bytes,
+                    std::optional<uint64_t> offset = std::nullopt);
   size_t tensor_count() const { return tensors_.size(); }
 
   // Header count fields written instead of the true counts (for corrupt-file tests).
   void OverrideTensorCount(uint64_t n) { tensor_count_override_ = n; }
   void OverrideKvCount(uint64_t n) { kv_count_override_ = n; }
 
+  // The whole file image.
   std::vector<uint8_t> Serialize(Layout* layout = nullptr) const;
-  // Writes Serialize() to `path` (replacing it). Errors name the path.
+  // Everything before the data section (header, metadata, tensor infos, padding).
+  std::vector<uint8_t> SerializeHeader(Layout* layout = nullptr) const;
+  // Writes the same bytes as Serialize() to `path` (replacing it), streaming the tensor data.
+  // Errors name the path.
   Status WriteFile(const std::string& path) const;
 
  private:

@@ -97,6 +97,7 @@ Status Model::LoadWeights() {
     }
     const gguf::TypeTraits* tr = gguf::GetTypeTraits(t->type);
     const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
+    source_[out] = t;
     out->rows = rows;
     out->cols = cols;
     out->q.resize(static_cast<size_t>(rows * cols));
@@ -207,10 +208,32 @@ void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
   });
 }
 
+// Reference matmul on the GGUF tensor itself: each weight row is dequantized from its stored
+// type (exact to the block definitions) and dotted with FP32 activations in FP32. No Q8/g64
+// rounding is involved, so this path is the oracle for the converted weights and kernels.
+void Model::MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t cols = t.cols(), rows = t.rows();
+  const gguf::TypeTraits* tr = gguf::GetTypeTraits(t.type);
+  const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
+  pool_->ParallelFor(rows, [&](int64_t b, int64_t e, int th) {
+    float* wrow = ref_rows_.data() + th * cols;
+    for (int64_t o = b; o < e; ++o) {
+      MR_CHECK(DequantizeRow(t.type, t.data + o * row_bytes, wrow, cols).ok());
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const float* xr = x + r * cols;
+        float acc = 0;
+        for (int64_t i = 0; i < cols; ++i) acc += wrow[i] * xr[i];
+        y[r * ldy + o] = acc;
+      }
+    }
+  });
+}
+
 // y (n_rows, w.rows) = x (n_rows, w.cols) · wᵀ.
 void Model::Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y) {
   if (ref_path_) {
-    pool_->ParallelFor(w.rows, [&](int64_t b, int64_t e, int) { ref::MatmulQ8(w, x, n_rows, y, w.rows, b, e); });
+    ref_rows_.resize(static_cast<size_t>(pool_->size() * w.cols));
+    MatmulSource(*source_.at(&w), x, n_rows, y, w.rows);
     return;
   }
   QuantizeInput(x, n_rows, w.cols);
@@ -275,7 +298,14 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
   up_.resize(n * c.d_ff);
 
   for (int64_t t = 0; t < n; ++t) {
-    DequantizeQ8Row(w_.tok_embd, tokens[t], x_.data() + t * d);
+    if (ref_path_) {
+      const gguf::TensorInfo& e = *source_.at(&w_.tok_embd);
+      const gguf::TypeTraits* tr = gguf::GetTypeTraits(e.type);
+      const size_t row_bytes = static_cast<size_t>(d / tr->block_elems * tr->block_bytes);
+      MR_CHECK(DequantizeRow(e.type, e.data + tokens[t] * row_bytes, x_.data() + t * d, d).ok());
+    } else {
+      DequantizeQ8Row(w_.tok_embd, tokens[t], x_.data() + t * d);
+    }
     if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) x_[t * d + i] *= c.embed_scale;
   }
 

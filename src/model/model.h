@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
@@ -18,7 +19,7 @@
 #include "model/tokenizer.h"
 
 namespace mr {
-namespace gguf { class GgufFile; }
+namespace gguf { class GgufFile; struct TensorInfo; }
 
 enum class Arch { kLlama, kQwen2, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
@@ -76,7 +77,9 @@ struct KvCache {
 
 struct LoadOptions {
   int n_threads = 0;      // 0: ThreadPool::DefaultThreads()
-  bool ref_path = false;  // scalar FP32 reference matmuls (MERERUN_PATH=ref sets it)
+  // Reference path (MERERUN_PATH=ref sets it): FP32 activations against the GGUF weights
+  // dequantized from their stored type, no Q8/g64 conversion in the loop. Slow; the oracle.
+  bool ref_path = false;
   CpuVariant cpu = SelectedCpuVariant();
 };
 
@@ -104,6 +107,7 @@ class Model {
   Model();
   Status LoadWeights();
   void Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y);
+  void MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy);
   void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
   void MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y);
   void Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
@@ -119,6 +123,8 @@ class Model {
   QActs qa_;
   const float* qa_src_ = nullptr;
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+  std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
+  std::unordered_map<const QMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
 
 };
 

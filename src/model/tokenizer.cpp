@@ -427,7 +427,7 @@ std::string TokenizerBase::Decode(const std::vector<TokenId>& ids, bool render_s
 TokenAttr TokenizerBase::attr(TokenId id) const {
   if (!vocab_->Valid(id)) return TokenAttr::kUnknown;
   const uint16_t a = vocab_->tokens[id].attr;
-  if (a & kAttrUnused) return TokenAttr::kUnused;
+  if (a == 0 || (a & kAttrUnused)) return TokenAttr::kUnused;  // 0: undefined type
   if (a & kAttrControl) return TokenAttr::kControl;
   if (a & kAttrUserDefined) return TokenAttr::kUserDefined;
   if (a & kAttrByte) return TokenAttr::kByte;

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -167,7 +168,7 @@ TEST_P(TokenizerFixtureTest, VocabularyPropertiesMatchLlamaCpp) {
     auto it = want_attrs.find(id);
     const int mask = it == want_attrs.end() ? 4 : it->second;
     TokenAttr expected = TokenAttr::kNormal;
-    if (mask & 2) expected = TokenAttr::kUnused;
+    if (mask == 0 || (mask & 2)) expected = TokenAttr::kUnused;
     else if (mask & 8) expected = TokenAttr::kControl;
     else if (mask & 16) expected = TokenAttr::kUserDefined;
     else if (mask & 32) expected = TokenAttr::kByte;
@@ -188,12 +189,28 @@ TEST_P(TokenizerFixtureTest, VocabularyPropertiesMatchLlamaCpp) {
   EXPECT_EQ(Show(tok_->Encode("Hello world", true, false)), Show(want));
 }
 
+TEST_P(TokenizerFixtureTest, ArbitraryBytesAreSafe) {
+  // Malformed UTF-8 must not crash and must give valid ids. (No round trip: byte-level BPE
+  // turns malformed sequences into U+FFFD, and SentencePiece's character split by lead byte can
+  // swallow the U+2581 that stands for a space into a byte-fallback run, as in llama.cpp.)
+  std::mt19937 rng(1234);
+  for (int n = 0; n < 300; ++n) {
+    std::string s(rng() % 64, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 256);
+    for (bool parse_special : {false, true}) {
+      const std::vector<TokenId> ids = tok_->Encode(s, false, parse_special);
+      for (TokenId id : ids) ASSERT_TRUE(id >= 0 && id < tok_->vocab_size());
+      tok_->Decode(ids, parse_special);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, TokenizerFixtureTest,
     ::testing::Values(
         ModelCase{"SmolLM2-135M-Instruct.Q4_1.json", {"SmolLM2-135M-Instruct.Q4_1.gguf"}},
         ModelCase{"gemma-3-270m-q4_k_m.json", {"gemma-3-270m-q4_k_m.gguf"}},
-        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-q4.gguf", "qwen05.gguf"}},
+        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}},
         ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}}),
     [](const ::testing::TestParamInfo<ModelCase>& info) {
       std::string n = info.param.names[0];
@@ -333,6 +350,27 @@ TEST(TokenizerUnitTest, TinyBpeMergesAndSpecials) {
   EXPECT_EQ(tok.Find("hello"), 11);
   EXPECT_EQ(tok.Find("nope"), -1);
   EXPECT_EQ(tok.attr(14), TokenAttr::kUserDefined);
+}
+
+TEST(TokenizerUnitTest, CleanSpacesForGpt2Pre) {
+  // pre "gpt-2" turns on llama.cpp's clean_up_tokenization_spaces in detokenization.
+  std::vector<std::string> tokens;
+  for (char c : std::string("ab?'cmrest")) tokens.push_back(std::string(1, c));
+  tokens.push_back(unicode::ByteToUnicode(' '));
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "gpt-2");
+  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+  w.SetArrayStr("tokenizer.ggml.merges", {"a b"});
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok_or = Tokenizer::FromGguf(*file);
+  ASSERT_TRUE(tok_or.ok()) << tok_or.status().message();
+  const Tokenizer& tok = *tok_or.value();
+  const std::string text = "a ? b ' c 's 're 't";
+  const std::vector<TokenId> ids = tok.Encode(text, false, false);
+  EXPECT_EQ(ids.size(), text.size());  // one token per character
+  EXPECT_EQ(tok.Decode(ids, false), "a? b'c's're 't");
 }
 
 TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {

@@ -4,7 +4,8 @@
 // (scripts/parity.py, docs/parity.md).
 //
 //   node tools/llamacpp/logits_ref.mjs MODEL.gguf PROMPTS.jsonl OUT_DIR
-//        [--limit N] [--threads 2] [--context-size N] [--mass 0.999999] [--min-k 32] [--max-k 4096]
+//        [--limit N] [--threads 2] [--parallel 2] [--context-size N] [--mass 0.999999]
+//        [--min-k 32] [--max-k 4096]
 //
 // PROMPTS.jsonl: one JSON object per line with a "text" field (and optionally "id", "kind").
 // Each text is tokenized by llama.cpp with special-token parsing on; BOS (EOS) is added when the
@@ -44,7 +45,7 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 
 const kUsage =
   "usage: node logits_ref.mjs MODEL.gguf PROMPTS.jsonl OUT_DIR [--limit N] [--threads N] " +
-  "[--context-size N] [--mass F] [--min-k N] [--max-k N]";
+  "[--parallel N] [--context-size N] [--mass F] [--min-k N] [--max-k N]";
 
 function Fail(message) {
   process.stderr.write(`[logits_ref] ${message}\n`);
@@ -52,10 +53,11 @@ function Fail(message) {
 }
 
 function ParseArgs(argv) {
-  const args = { positional: [], limit: 0, threads: 2, contextSize: 0, mass: 0.999999, minK: 32,
-                 maxK: 4096 };
-  const numeric = { "--limit": "limit", "--threads": "threads", "--context-size": "contextSize",
-                    "--mass": "mass", "--min-k": "minK", "--max-k": "maxK" };
+  const args = { positional: [], limit: 0, threads: 2, parallel: 2, contextSize: 0, mass: 0.999999,
+                 minK: 32, maxK: 4096 };
+  const numeric = { "--limit": "limit", "--threads": "threads", "--parallel": "parallel",
+                    "--context-size": "contextSize", "--mass": "mass", "--min-k": "minK",
+                    "--max-k": "maxK" };
   for (let i = 2; i < argv.length; i++) {
     const a = argv[i];
     if (a === "-h" || a === "--help") {
@@ -201,17 +203,30 @@ async function Main() {
   const context_size = args.contextSize > 0 ? args.contextSize : Math.max(256, max_len);
   if (max_len > context_size) Fail(`a prompt has ${max_len} tokens > --context-size ${context_size}`);
   // One ubatch per prompt (batchSize >= longest prompt): the whole prompt is one forward pass.
-  const context = await model.createContext({
-    contextSize: context_size, batchSize: context_size, sequences: 1, threads: args.threads,
-    flashAttention: false,
-  });
-  const sequence = context.getSequence();
+  // --parallel N runs N independent contexts (one sequence each, threads split between them) on
+  // interleaved prompts: handing a full distribution to JavaScript is single-threaded work on the
+  // main thread, and a second context keeps the other core busy meanwhile. Each prompt is still
+  // evaluated alone in its own batch, so the numbers do not depend on --parallel (ggml's CPU ops
+  // give each output element to one thread, so they do not depend on the thread count either;
+  // docs/parity.md records the check).
+  const n_parallel = Math.max(1, Math.min(args.parallel, prompts.length));
+  const threads_each = Math.max(1, Math.floor(args.threads / n_parallel));
+  const contexts = [];
+  for (let c = 0; c < n_parallel; c++) {
+    contexts.push(await model.createContext({
+      contextSize: context_size, batchSize: context_size, sequences: 1, threads: threads_each,
+      flashAttention: false,
+    }));
+  }
   const t_loaded = performance.now();
 
   let n_vocab = 0;
-  const records = [];  // per prompt: array of Buffers
+  const records = new Array(prompts.length);  // per prompt: array of Buffers
   let n_positions_total = 0;
-  for (let pi = 0; pi < prompts.length; pi++) {
+  let next_prompt = 0;
+  let n_done = 0;
+
+  async function EvaluatePrompt(sequence, pi) {
     const ids = tokens[pi];
     await sequence.clearHistory();
     const per_pos = new Array(ids.length);
@@ -242,11 +257,17 @@ async function Main() {
         per_pos[i] = EncodeRecord(TopK(probs, n_vocab, args));
       }
     }
-    records.push(per_pos);
+    records[pi] = per_pos;
     n_positions_total += ids.length;
-    process.stderr.write(`[logits_ref] prompt ${pi + 1}/${prompts.length} (${prompts[pi].id}): ` +
+    n_done++;
+    process.stderr.write(`[logits_ref] prompt ${n_done}/${prompts.length} (${prompts[pi].id}): ` +
                          `${ids.length} positions\n`);
   }
+
+  await Promise.all(contexts.map(async (context) => {
+    const sequence = context.getSequence();
+    while (next_prompt < prompts.length) await EvaluatePrompt(sequence, next_prompt++);
+  }));
   const t_evaluated = performance.now();
 
   const header = Buffer.allocUnsafe(16 + 4 * prompts.length);
@@ -288,7 +309,8 @@ async function Main() {
     n_vocab,
     add_bos,
     add_eos,
-    settings: { threads: args.threads, context_size, batch_size: context_size,
+    settings: { threads: args.threads, parallel: n_parallel, threads_per_context: threads_each,
+                context_size, batch_size: context_size,
                 flash_attention: false, temperature: 0, mass: args.mass, min_k: args.minK,
                 max_k: args.maxK },
     n_prompts: prompts.length,
@@ -303,7 +325,7 @@ async function Main() {
   process.stderr.write(`[logits_ref] ${n_positions_total} positions, n_vocab ${n_vocab}, ` +
                        `mean K ${meta.k_mean.toFixed(1)}, evaluate ${meta.timings_s.evaluate.toFixed(1)} s ` +
                        `(${meta.timings_s.ms_per_position.toFixed(1)} ms/position), backend ${cpu_backend}\n`);
-  await context.dispose();
+  for (const context of contexts) await context.dispose();
   await model.dispose();
   await llama.dispose();
 }

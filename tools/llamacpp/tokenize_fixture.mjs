@@ -55,7 +55,7 @@ const kGroups = [
   {
     fixture: "qwen2.5-coder",
     files: [
-      { name: "qwen2.5-coder-0.5b-q4.gguf", aliases: ["qwen05.gguf"] },
+      { name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", aliases: ["qwen05.gguf"] },
       { name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", aliases: ["qwen15.gguf"] },
     ],
   },
@@ -182,6 +182,7 @@ const kCombining = [
   "𐌰𐌱𐌲 𐎀𐎁 𒀀𒀁",
   "𠀀𠀁𪜀 (CJK ext B)",
   "\ufffd replacement char",
+  "SentencePiece marker \u2581 and \u2581\u2581 twice, \u2581lead",
 ];
 
 const kWhitespace = [

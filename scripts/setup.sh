@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine (or an already set-up one, in seconds):
+#   1. system packages (apt-get, only what is missing; `apt-get update` once, only if needed)
+#   2. Python test packages pinned in tests/requirements.txt (only if not already satisfied)
+#   3. the llama.cpp reference, tools/llamacpp (npm ci; only if absent or out of date)
+#   4. configure and build the release preset (build/bin/mererun)
+# Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { echo "[setup] $*"; }
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# --- 1. system packages ------------------------------------------------------------------
+# "package:probe": the package is needed when the probe (a command name or an absolute path)
+# is missing. Add new build dependencies here.
+APT_NEEDS=(
+  "cmake:cmake"
+  "ninja-build:ninja"
+  "g++:g++"
+  "libgtest-dev:/usr/include/gtest/gtest.h"
+  "nlohmann-json3-dev:/usr/include/nlohmann/json.hpp"
+  "libssl-dev:/usr/include/openssl/evp.h"
+  "python3:python3"
+)
+missing=()
+for item in "${APT_NEEDS[@]}"; do
+  pkg="${item%%:*}"; probe="${item#*:}"
+  if [[ "$probe" == /* ]]; then
+    [ -e "$probe" ] || missing+=("$pkg")
+  else
+    command -v "$probe" >/dev/null 2>&1 || missing+=("$pkg")
+  fi
+done
+python3 -m pip --version >/dev/null 2>&1 || missing+=("python3-pip")
+if [ -f tools/llamacpp/package.json ] && ! command -v npm >/dev/null 2>&1; then
+  missing+=("npm")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing system packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  log "system packages present"
+fi
+
+# --- 2. Python test packages -------------------------------------------------------------
+if python3 - tests/requirements.txt <<'PY'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+ok = True
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, want = line.split("==")
+    try:
+        ok &= version(name) == want
+    except PackageNotFoundError:
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+then
+  log "python test packages present"
+else
+  log "installing python test packages (tests/requirements.txt)"
+  pip_flags=(--quiet --disable-pip-version-check --no-input --root-user-action=ignore)
+  # Debian's own python3 refuses user pip installs (PEP 668) unless told otherwise.
+  if python3 -c 'import os,sys,sysconfig; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")) else 1)'; then
+    pip_flags+=(--break-system-packages)
+  fi
+  python3 -m pip install "${pip_flags[@]}" -r tests/requirements.txt
+fi
+
+# --- 3. llama.cpp reference (node-llama-cpp) ---------------------------------------------
+if [ -f tools/llamacpp/package.json ]; then
+  want=$(python3 -c 'import json;print(json.load(open("tools/llamacpp/package.json"))["dependencies"]["node-llama-cpp"])')
+  have=""
+  if [ -f tools/llamacpp/node_modules/node-llama-cpp/package.json ]; then
+    have=$(python3 -c 'import json;print(json.load(open("tools/llamacpp/node_modules/node-llama-cpp/package.json"))["version"])')
+  fi
+  if [ "$have" = "$want" ]; then
+    log "node-llama-cpp $have present"
+  else
+    log "installing node-llama-cpp $want (npm ci in tools/llamacpp)"
+    # A dangling node_modules link (a developer's local shortcut) would make npm ci fail.
+    if [ -L tools/llamacpp/node_modules ] && [ ! -e tools/llamacpp/node_modules ]; then
+      rm tools/llamacpp/node_modules
+    fi
+    (cd tools/llamacpp && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi
+
+# --- 4. build ----------------------------------------------------------------------------
+if [ "${MERERUN_SKIP_BUILD:-0}" != 1 ]; then
+  log "configuring and building (release preset)"
+  cmake --preset release >/dev/null
+  cmake --build --preset release -j"${MERERUN_JOBS:-2}"
+  log "built build/bin/mererun"
+fi
