@@ -171,6 +171,9 @@ async function Main() {
   const prompts = ReadPrompts(promptsPath, args.limit);
   if (prompts.length === 0) Fail(`no prompts in ${promptsPath}`);
   fs.mkdirSync(outDir, { recursive: true });
+  // meta.json is written last and marks a complete output (scripts/parity.py reuses an output
+  // only when it finds one): drop a previous run's before touching the other files.
+  fs.rmSync(path.join(outDir, "meta.json"), { force: true });
 
   const t_start = performance.now();
   // llama.cpp reports the CPU backend variant it loaded (ggml picks the best of the prebuilt
