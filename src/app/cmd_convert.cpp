@@ -8,6 +8,7 @@
 
 #include "app/cli_args.h"
 #include "app/commands.h"
+#include "app/model_opts.h"
 #include "base/half.h"
 #include "model/dequant.h"
 #include "model/gguf.h"
@@ -51,18 +52,10 @@ int CmdConvert(const Args& args) {
     std::fprintf(stderr, "mererun convert: --type must be f32, f16 or q8_0 (got '%s')\n", type.c_str());
     return 2;
   }
-  std::string err;
-  const std::string path = ResolveModelPath(model, &err);
-  if (path.empty()) {
-    std::fprintf(stderr, "mererun convert: %s\n", err.c_str());
-    return 1;
-  }
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) {
-    std::fprintf(stderr, "mererun convert: %s\n", file.status().message().c_str());
-    return 1;
-  }
-  const gguf::GgufFile& f = **file;
+  std::string path;
+  auto file = OpenGgufOrReport("convert", model, &path);
+  if (!file) return 1;
+  const gguf::GgufFile& f = *file;
   gguf::GgufWriter w(3);
   for (const auto& [key, value] : f.metadata()) {
     if (key == "general.file_type") continue;  // no longer true

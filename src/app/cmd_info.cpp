@@ -4,6 +4,7 @@
 
 #include "app/commands.h"
 #include "app/cli_args.h"
+#include "app/model_opts.h"
 #include "model/gguf.h"
 
 namespace mr::app {
@@ -11,23 +12,11 @@ namespace mr::app {
 int CmdInfo(const Args& args) {
   CliArgs cli(args);
   std::string model = cli.Get("-m", "--model");
-  if (!cli.Finish("info") ) return 2;
-  if (model.empty()) {
-    std::fprintf(stderr, "mererun info: -m MODEL is required\n");
-    return 2;
-  }
-  std::string err;
-  const std::string path = ResolveModelPath(model, &err);
-  if (path.empty()) {
-    std::fprintf(stderr, "mererun info: %s\n", err.c_str());
-    return 1;
-  }
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) {
-    std::fprintf(stderr, "mererun info: %s\n", file.status().message().c_str());
-    return 1;
-  }
-  const gguf::GgufFile& f = **file;
+  if (!cli.Finish("info")) return 2;
+  std::string path;
+  auto file = OpenGgufOrReport("info", model, &path);
+  if (!file) return model.empty() ? 2 : 1;
+  const gguf::GgufFile& f = *file;
   const std::string arch = f.GetString("general.architecture").value_or("?");
   std::printf("file:          %s (%zu bytes, GGUF v%u, alignment %llu)\n", path.c_str(), f.file_size(), f.version(),
               static_cast<unsigned long long>(f.alignment()));
@@ -36,7 +25,7 @@ int CmdInfo(const Args& args) {
   for (const char* k : {"block_count", "embedding_length", "feed_forward_length", "attention.head_count",
                         "attention.head_count_kv", "context_length", "attention.sliding_window", "rope.freq_base"}) {
     const std::string key = arch + "." + k;
-    if (auto v = f.GetFloat(key)) std::printf("%-15s%g\n", (std::string(k) + ":").c_str(), *v);
+    if (auto v = f.GetFloat(key)) std::printf("%-25s %g\n", (std::string(k) + ":").c_str(), *v);
   }
   int64_t params = 0;
   std::map<std::string, int> types;

@@ -7,6 +7,7 @@
 
 #include "app/cli_args.h"
 #include "app/commands.h"
+#include "app/model_opts.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -19,22 +20,10 @@ int CmdTokenize(const Args& args) {
   const bool no_special = cli.Flag("--no-add-special");
   const bool parse_special = cli.Flag("--parse-special");
   if (!cli.Finish("tokenize")) return 2;
-  if (model.empty()) {
-    std::fprintf(stderr, "mererun tokenize: -m MODEL is required\n");
-    return 2;
-  }
-  std::string err;
-  const std::string path = ResolveModelPath(model, &err);
-  if (path.empty()) {
-    std::fprintf(stderr, "mererun tokenize: %s\n", err.c_str());
-    return 1;
-  }
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) {
-    std::fprintf(stderr, "mererun tokenize: %s\n", file.status().message().c_str());
-    return 1;
-  }
-  auto tok = Tokenizer::FromGguf(**file);
+  std::string path;
+  auto file = OpenGgufOrReport("tokenize", model, &path);
+  if (!file) return model.empty() ? 2 : 1;
+  auto tok = Tokenizer::FromGguf(*file);
   if (!tok.ok()) {
     std::fprintf(stderr, "mererun tokenize: %s\n", tok.status().message().c_str());
     return 1;

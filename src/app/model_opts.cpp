@@ -37,4 +37,23 @@ std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
   return std::move(m).value();
 }
 
+std::unique_ptr<gguf::GgufFile> OpenGgufOrReport(const char* cmd, const std::string& model, std::string* path) {
+  if (model.empty()) {
+    std::fprintf(stderr, "mererun %s: -m MODEL is required (a catalog name or a .gguf path)\n", cmd);
+    return nullptr;
+  }
+  std::string err;
+  *path = ResolveModelPath(model, &err);
+  if (path->empty()) {
+    std::fprintf(stderr, "mererun %s: %s\n", cmd, err.c_str());
+    return nullptr;
+  }
+  auto file = gguf::GgufFile::Open(*path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "mererun %s: %s\n", cmd, file.status().message().c_str());
+    return nullptr;
+  }
+  return std::move(file).value();
+}
+
 }  // namespace mr::app

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "app/cli_args.h"
+#include "model/gguf.h"
 #include "model/model.h"
 
 namespace mr::app {
@@ -18,5 +19,8 @@ struct ModelArgs {
 ModelArgs ParseModelArgs(CliArgs& cli);
 // Resolve and load; prints "mererun CMD: error" and returns nullptr on failure.
 std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a);
+// Resolve and open the GGUF of `model` (catalog name or path) without loading weights. On
+// failure prints "mererun CMD: error" and returns nullptr; sets *path to the resolved file.
+std::unique_ptr<gguf::GgufFile> OpenGgufOrReport(const char* cmd, const std::string& model, std::string* path);
 
 }  // namespace mr::app
