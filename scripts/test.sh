@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up (scripts/setup.sh), pull the catalog models the tests use, the
 # unit tests (ctest) and the end-to-end tests (pytest against build/bin/mererun).
-# QUICK=1: unit-labelled ctest tests and pytest -m "not slow" only.
+# QUICK=1: unit-labelled ctest tests and pytest -m "not slow" only. In CI (CI=true) or with
+# MERERUN_ASAN=1 the unit tests also run under ASan+UBSan (preset asan, build-asan/).
 # Exits non-zero if any step or test failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,6 +21,18 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
   ctest --preset release --parallel "$jobs" || failed+=("ctest")
   pytest_sel=()
+fi
+
+# ASan+UBSan build of the unit tests: in CI, or when MERERUN_ASAN=1 (about 10 minutes of build
+# on 2 cores; the tests themselves take under a minute).
+if [ "${CI:-}" = true ] || [ "${MERERUN_ASAN:-0}" = 1 ]; then
+  echo "[test] building the asan preset (log: build-asan.log)"
+  if { cmake --preset asan && cmake --build --preset asan -j"$jobs"; } >build-asan.log 2>&1; then
+    ctest --preset asan -L unit --parallel "$jobs" || failed+=("ctest (asan+ubsan)")
+  else
+    tail -40 build-asan.log >&2
+    failed+=("asan build")
+  fi
 fi
 
 python3 -m pytest tests/e2e -q "${pytest_sel[@]}"

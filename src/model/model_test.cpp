@@ -28,12 +28,6 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
   return out;
 }
 
-std::vector<uint8_t> ConstF32Bytes(int64_t n, float v) {
-  std::vector<uint8_t> out(static_cast<size_t>(n) * 4);
-  for (int64_t i = 0; i < n; ++i) std::memcpy(out.data() + i * 4, &v, 4);
-  return out;
-}
-
 struct TinySpec {
   std::string arch;  // llama | qwen2 | gemma3
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
