@@ -15,17 +15,25 @@ ModelArgs ParseModelArgs(CliArgs& cli) {
   return a;
 }
 
-std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
-  if (a.model.empty()) {
+namespace {
+
+// The file behind "-m MODEL", or "" after printing why there is none.
+std::string ResolveOrReport(const char* cmd, const std::string& model) {
+  if (model.empty()) {
     std::fprintf(stderr, "mererun %s: -m MODEL is required (a catalog name or a .gguf path)\n", cmd);
-    return nullptr;
+    return "";
   }
   std::string err;
-  const std::string path = ResolveModelPath(a.model, &err);
-  if (path.empty()) {
-    std::fprintf(stderr, "mererun %s: %s\n", cmd, err.c_str());
-    return nullptr;
-  }
+  std::string path = ResolveModelPath(model, &err);
+  if (path.empty()) std::fprintf(stderr, "mererun %s: %s\n", cmd, err.c_str());
+  return path;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
+  const std::string path = ResolveOrReport(cmd, a.model);
+  if (path.empty()) return nullptr;
   LoadOptions opts;
   opts.n_threads = a.threads;
   opts.ref_path = a.ref;
@@ -38,16 +46,8 @@ std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
 }
 
 std::unique_ptr<gguf::GgufFile> OpenGgufOrReport(const char* cmd, const std::string& model, std::string* path) {
-  if (model.empty()) {
-    std::fprintf(stderr, "mererun %s: -m MODEL is required (a catalog name or a .gguf path)\n", cmd);
-    return nullptr;
-  }
-  std::string err;
-  *path = ResolveModelPath(model, &err);
-  if (path->empty()) {
-    std::fprintf(stderr, "mererun %s: %s\n", cmd, err.c_str());
-    return nullptr;
-  }
+  *path = ResolveOrReport(cmd, model);
+  if (path->empty()) return nullptr;
   auto file = gguf::GgufFile::Open(*path);
   if (!file.ok()) {
     std::fprintf(stderr, "mererun %s: %s\n", cmd, file.status().message().c_str());

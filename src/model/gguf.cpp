@@ -91,10 +91,9 @@ uint64_t MinEncodedSize(ValueType t) {
 
 bool ValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::kF64); }
 
-Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) {
+Status ReadScalarBody(Reader& r, ValueType t, MetaValue* v, const std::string& key) {
   v->type = t;
-  const std::string what_s = "value of key '" + key + "'";
-  const char* what = what_s.c_str();
+  const char* what = "metadata value";
   switch (t) {
     case ValueType::kU8: { uint8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = x; break; }
     case ValueType::kI8: { int8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
@@ -117,6 +116,13 @@ Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) 
     case ValueType::kArray: return Internal("[gguf] ReadScalar called on array");
   }
   return Status::Ok();
+}
+
+// The key is named only on failure, so arrays of 10^5 scalars build no message per element.
+Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) {
+  Status st = ReadScalarBody(r, t, v, key);
+  if (st.ok() || st.message().find("'" + key + "'") != std::string::npos) return st;
+  return Status(st.code(), st.message() + " (key '" + key + "')");
 }
 
 Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, int depth) {

@@ -72,6 +72,7 @@ struct TensorInfo {
   const uint8_t* data = nullptr;  // into the mapping; valid while the GgufFile lives
 
   int64_t rows() const;  // product of dims[1..]
+  uint64_t row_bytes() const { return n_bytes / static_cast<uint64_t>(rows()); }  // bytes of one dims[0] row
   int64_t cols() const { return dims.empty() ? 0 : dims[0]; }
 };
 

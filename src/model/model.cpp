@@ -95,8 +95,7 @@ Status Model::LoadWeights() {
     if (cols % kQ8Group != 0) {
       return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) + " is not a multiple of 64");
     }
-    const gguf::TypeTraits* tr = gguf::GetTypeTraits(t->type);
-    const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
+    const size_t row_bytes = t->row_bytes();
     source_[out] = t;
     out->rows = rows;
     out->cols = cols;
@@ -213,8 +212,7 @@ void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
 // rounding is involved, so this path is the oracle for the converted weights and kernels.
 void Model::MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy) {
   const int64_t cols = t.cols(), rows = t.rows();
-  const gguf::TypeTraits* tr = gguf::GetTypeTraits(t.type);
-  const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
+  const size_t row_bytes = t.row_bytes();
   pool_->ParallelFor(rows, [&](int64_t b, int64_t e, int th) {
     float* wrow = ref_rows_.data() + th * cols;
     for (int64_t o = b; o < e; ++o) {
@@ -300,9 +298,7 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
   for (int64_t t = 0; t < n; ++t) {
     if (ref_path_) {
       const gguf::TensorInfo& e = *source_.at(&w_.tok_embd);
-      const gguf::TypeTraits* tr = gguf::GetTypeTraits(e.type);
-      const size_t row_bytes = static_cast<size_t>(d / tr->block_elems * tr->block_bytes);
-      MR_CHECK(DequantizeRow(e.type, e.data + tokens[t] * row_bytes, x_.data() + t * d, d).ok());
+      MR_CHECK(DequantizeRow(e.type, e.data + tokens[t] * e.row_bytes(), x_.data() + t * d, d).ok());
     } else {
       DequantizeQ8Row(w_.tok_embd, tokens[t], x_.data() + t * d);
     }

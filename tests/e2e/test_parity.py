@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -184,7 +185,6 @@ def test_parity_exact_weights_meets_the_bars(tmp_path, mererun_bin):
     KV cache, so the issue's bars hold with a wide margin (measured: top-1 0.996, KL 7e-5)."""
     model_path = _prerequisites()
     f32 = tmp_path / "smollm2-f32.gguf"
-    import subprocess
     conv = subprocess.run([str(mererun_bin), "convert", "-m", str(model_path), "--type", "f32",
                            "-o", str(f32)], capture_output=True, text=True, timeout=600)
     assert conv.returncode == 0, conv.stderr
