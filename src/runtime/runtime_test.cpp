@@ -1,0 +1,281 @@
+// Sampler: the final distribution against values worked out by hand / independently, seeded
+// determinism, and draw frequencies. Generator: greedy generation on the real SmolLM2 model
+// against a plain Forward + argmax loop, prefix reuse, cancellation, limits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "model/test_models.h"
+#include "runtime/generator.h"
+#include "runtime/sampler.h"
+
+namespace mr {
+namespace {
+
+// Softmax of logits/T in double precision, independent of the sampler's code.
+std::vector<double> SoftmaxT(const std::vector<float>& l, double t) {
+  double m = *std::max_element(l.begin(), l.end());
+  std::vector<double> p(l.size());
+  double z = 0;
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - m) / t);
+  for (double& x : p) x /= z;
+  return p;
+}
+
+std::map<TokenId, float> AsMap(const std::vector<Candidate>& d) {
+  std::map<TokenId, float> m;
+  for (const Candidate& c : d) m[c.id] = c.p;
+  return m;
+}
+
+TEST(Rng, SeededSequencesRepeatAndDiffer) {
+  Rng a(42), b(42), c(43);
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t x = a.Next();
+    EXPECT_EQ(x, b.Next());
+    EXPECT_NE(x, c.Next());
+  }
+  Rng u(7);
+  double sum = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const double v = u.Uniform();
+    ASSERT_GE(v, 0.0);
+    ASSERT_LT(v, 1.0);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / 100000, 0.5, 0.01);
+}
+
+TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
+  Sampler s({0.0f, 0, 1.0f, 0.0f});
+  std::vector<float> l = {1.0f, 3.0f, -2.0f, 3.0f};
+  std::vector<Candidate> d;
+  s.Distribution(l.data(), 4, &d);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].id, 1);
+  EXPECT_FLOAT_EQ(d[0].p, 1.0f);
+}
+
+TEST(Sampler, TemperatureOnlyKeepsEveryTokenWithSoftmaxProbabilities) {
+  std::vector<float> l = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f};
+  for (float t : {0.5f, 1.0f, 2.0f}) {
+    Sampler s({t, 0, 1.0f, 0.0f});
+    std::vector<Candidate> d;
+    s.Distribution(l.data(), 5, &d);
+    ASSERT_EQ(d.size(), 5u);
+    const auto want = SoftmaxT(l, t);
+    for (const Candidate& c : d) EXPECT_NEAR(c.p, want[c.id], 1e-6) << "T=" << t << " id " << c.id;
+  }
+}
+
+TEST(Sampler, TopKTopPMinPCutsAndRenormalize) {
+  // Probabilities at T=1 of these logits, sorted: ids 2 (0.4223), 4 (0.2562), 0 (0.1554),
+  // 3 (0.0942), 1 (0.0347), 5 (0.0372)... computed by SoftmaxT below, not by the sampler.
+  std::vector<float> l = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -0.93f};
+  const auto p = SoftmaxT(l, 1.0);
+  std::vector<int> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  ASSERT_EQ(order[0], 2);
+  ASSERT_EQ(order[1], 4);
+  ASSERT_EQ(order[2], 0);
+
+  std::vector<Candidate> d;
+  {  // top-k 2: ids 2 and 4, renormalized.
+    Sampler s({1.0f, 2, 1.0f, 0.0f});
+    s.Distribution(l.data(), 6, &d);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0].id, 2);
+    EXPECT_EQ(d[1].id, 4);
+    EXPECT_NEAR(d[0].p, p[2] / (p[2] + p[4]), 1e-6);
+  }
+  {  // top-p just above p2+p4: the smallest prefix reaching it has three tokens.
+    const float top_p = static_cast<float>(p[2] + p[4] + 0.01);
+    Sampler s({1.0f, 0, top_p, 0.0f});
+    s.Distribution(l.data(), 6, &d);
+    ASSERT_EQ(d.size(), 3u);
+    auto m = AsMap(d);
+    EXPECT_NEAR(m[0], p[0] / (p[2] + p[4] + p[0]), 1e-6);
+  }
+  {  // min-p 0.3: keeps tokens with p >= 0.3 * p_max.
+    Sampler s({1.0f, 0, 1.0f, 0.3f});
+    s.Distribution(l.data(), 6, &d);
+    size_t want = 0;
+    for (double x : p) want += x >= 0.3 * p[2];
+    EXPECT_EQ(d.size(), want);
+    for (const Candidate& c : d) EXPECT_GE(p[c.id], 0.3 * p[2]);
+  }
+  {  // Temperature applies before the cuts: at T=0.25 id 2 alone holds > 0.85 of the mass.
+    const auto p4 = SoftmaxT(l, 0.25);
+    ASSERT_GT(p4[2], 0.85);
+    Sampler s({0.25f, 0, 0.85f, 0.0f});
+    s.Distribution(l.data(), 6, &d);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].id, 2);
+  }
+}
+
+TEST(Sampler, TopPOverALargeVocabularyMatchesAFullSort) {
+  // 50,000 logits: the growing partial sort must find the same cut as a full sort.
+  Rng rng(1);
+  std::vector<float> l(50000);
+  for (float& x : l) x = static_cast<float>(rng.Uniform() * 12.0);
+  const auto p = SoftmaxT(l, 0.8);
+  std::vector<int> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  double cum = 0;
+  size_t want = 0;
+  while (cum < 0.95) cum += p[order[want++]];
+  Sampler s({0.8f, 0, 0.95f, 0.0f});
+  std::vector<Candidate> d;
+  s.Distribution(l.data(), static_cast<int64_t>(l.size()), &d);
+  ASSERT_GT(want, 1000u);  // the cut needs several growth rounds
+  // float accumulation may move the boundary by a token.
+  EXPECT_NEAR(static_cast<double>(d.size()), static_cast<double>(want), 2.0);
+  for (size_t i = 0; i + 2 < std::min(d.size(), want); ++i) ASSERT_EQ(d[i].id, order[i]);
+}
+
+TEST(Sampler, DrawFrequenciesFollowTheDistribution) {
+  std::vector<float> l = {1.0f, 0.0f, 2.0f, -1.0f};
+  Sampler s({1.0f, 3, 1.0f, 0.0f});
+  std::vector<Candidate> d;
+  s.Distribution(l.data(), 4, &d);
+  Rng rng(123);
+  std::map<TokenId, int> count;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) ++count[s.Sample(l.data(), 4, rng)];
+  EXPECT_EQ(count.count(3), 0u);  // cut by top-k
+  // Chi-square with 2 degrees of freedom; 13.8 is the 0.999 quantile.
+  double chi2 = 0;
+  for (const Candidate& c : d) {
+    const double e = c.p * n;
+    chi2 += (count[c.id] - e) * (count[c.id] - e) / e;
+  }
+  EXPECT_LT(chi2, 13.8);
+}
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (path.empty()) return;
+    LoadOptions opts;
+    opts.n_threads = 2;
+    auto m = Model::Load(path, opts);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(m).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
+  }
+  static std::vector<TokenId> Greedy(const std::vector<TokenId>& prompt, int n) {
+    KvCache kv = model_->NewKvCache(512);
+    std::vector<float> logits(model_->config().n_vocab);
+    EXPECT_TRUE(model_->Forward(kv, prompt.data(), static_cast<int64_t>(prompt.size()), false, logits.data()).ok());
+    std::vector<TokenId> out;
+    while (static_cast<int>(out.size()) < n) {
+      const TokenId t = static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (model_->tokenizer().IsEndOfGeneration(t)) break;
+      out.push_back(t);
+      EXPECT_TRUE(model_->Forward(kv, &t, 1, false, logits.data()).ok());
+    }
+    return out;
+  }
+  static Model* model_;
+};
+Model* GeneratorTest::model_ = nullptr;
+
+GenerateParams GreedyParams(int64_t max_tokens) {
+  GenerateParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.prefill_chunk = 7;  // several chunks, odd size
+  return p;
+}
+
+TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {
+  const auto prompt = model_->tokenizer().Encode("The three primary colors are", true, false);
+  const auto want = Greedy(prompt, 24);
+  ASSERT_EQ(want.size(), 24u);
+  Generator gen(*model_, 512);
+  std::vector<TokenId> got;
+  auto r = gen.Generate(prompt, GreedyParams(24), [&](TokenId t) { got.push_back(t); return true; });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(r->stop, StopCause::kMaxTokens);
+  EXPECT_EQ(r->reused_tokens, 0);
+  EXPECT_EQ(r->generated, 24);
+
+  // A follow-up whose prompt extends the first one reuses its KV and matches a cold run.
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), want.begin(), want.begin() + 10);
+  const auto want2 = Greedy(longer, 12);
+  got.clear();
+  r = gen.Generate(longer, GreedyParams(12), [&](TokenId t) { got.push_back(t); return true; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reused_tokens, static_cast<int64_t>(longer.size()) - 1);
+  EXPECT_EQ(got, want2);
+
+  // A prompt sharing only a prefix: the cache is cut back to it.
+  std::vector<TokenId> other(prompt.begin(), prompt.begin() + 3);
+  const auto more = model_->tokenizer().Encode(" blue, green and", false, false);
+  other.insert(other.end(), more.begin(), more.end());
+  const auto want3 = Greedy(other, 12);
+  got.clear();
+  r = gen.Generate(other, GreedyParams(12), [&](TokenId t) { got.push_back(t); return true; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->reused_tokens, 3);
+  EXPECT_EQ(got, want3);
+}
+
+TEST_F(GeneratorTest, CallbackStopCancellationAndBadPrompts) {
+  const auto prompt = model_->tokenizer().Encode("Once upon a time", true, false);
+  Generator gen(*model_, 256);
+  int calls = 0;
+  auto r = gen.Generate(prompt, GreedyParams(50), [&](TokenId) { return ++calls < 5; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stop, StopCause::kCallback);
+  EXPECT_EQ(r->generated, 5);
+
+  // Cancelled during prefill: no token is produced.
+  gen.ResetCache();
+  int polls = 0;
+  r = gen.Generate(prompt, GreedyParams(50), [&](TokenId) { ADD_FAILURE(); return true; }, [&] { return ++polls > 1; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stop, StopCause::kCancelled);
+  EXPECT_EQ(r->generated, 0);
+
+  EXPECT_FALSE(gen.Generate({}, GreedyParams(5), [](TokenId) { return true; }).ok());
+  std::vector<TokenId> bad = {1, 2, -5};
+  EXPECT_FALSE(gen.Generate(bad, GreedyParams(5), [](TokenId) { return true; }).ok());
+  std::vector<TokenId> too_long(300, prompt[1]);
+  auto r2 = gen.Generate(too_long, GreedyParams(5), [](TokenId) { return true; });
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("prompt is too long"), std::string::npos);
+}
+
+TEST_F(GeneratorTest, SeededSamplingRepeats) {
+  const auto prompt = model_->tokenizer().Encode("My favourite animal is", true, false);
+  Generator gen(*model_, 256);
+  GenerateParams p;
+  p.sampling = {1.0f, 64, 0.95f, 0.0f};
+  p.seed = 99;
+  p.seeded = true;
+  p.max_tokens = 16;
+  std::vector<TokenId> a, b;
+  ASSERT_TRUE(gen.Generate(prompt, p, [&](TokenId t) { a.push_back(t); return true; }).ok());
+  ASSERT_TRUE(gen.Generate(prompt, p, [&](TokenId t) { b.push_back(t); return true; }).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_FALSE(a.empty());
+}
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,135 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+namespace mr {
+
+namespace {
+uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Probability descending, then id ascending: a strict weak order, so results do not depend on
+// the sort algorithm.
+bool Before(const Candidate& a, const Candidate& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); }
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (uint64_t& s : s_) s = SplitMix64(seed);
+}
+
+uint64_t Rng::Next() {
+  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = Rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+uint64_t Rng::RandomSeed() {
+  std::random_device rd;
+  const uint64_t hi = rd(), lo = rd();
+  const uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return (hi << 32 ^ lo) ^ (t * 0x9e3779b97f4a7c15ULL);
+}
+
+void Sampler::Distribution(const float* logits, int64_t n_vocab, std::vector<Candidate>* out) {
+  out->clear();
+  if (n_vocab <= 0) return;
+  if (params_.greedy()) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n_vocab; ++i)
+      if (logits[i] > logits[best]) best = i;
+    out->push_back({static_cast<TokenId>(best), 1.0f});
+    return;
+  }
+  const float inv_t = 1.0f / params_.temperature;
+  float max_l = logits[0];
+  for (int64_t i = 1; i < n_vocab; ++i) max_l = std::max(max_l, logits[i]);
+  // Unnormalized weights w = exp((l - max) / T) and their total mass over the whole vocabulary.
+  std::vector<Candidate>& c = scratch_;
+  c.resize(static_cast<size_t>(n_vocab));
+  double total = 0.0;
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    const float w = std::exp((logits[i] - max_l) * inv_t);
+    c[i] = {static_cast<TokenId>(i), w};
+    total += w;
+  }
+  const bool use_k = params_.top_k > 0 && params_.top_k < n_vocab;
+  const bool use_p = params_.top_p < 1.0f;
+  const bool use_min_p = params_.min_p > 0.0f;
+  size_t n = c.size();
+  if (use_min_p) {
+    // min-p keeps w >= min_p * w_max (w_max = 1). Dropping those candidates first changes
+    // neither the top-k set nor the top-p prefix of the survivors (they are the sorted tail).
+    const float thr = params_.min_p;
+    n = static_cast<size_t>(std::partition(c.begin(), c.end(), [thr](const Candidate& x) { return x.p >= thr; }) - c.begin());
+  }
+  if (!use_k && !use_p) {
+    // No cut that needs an order: keep id order (sorting a whole vocabulary costs ~10 ms).
+    if (use_min_p) std::sort(c.begin(), c.begin() + n, [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    out->assign(c.begin(), c.begin() + n);
+  } else {
+    // Sort a growing prefix until it holds the top-k cut or the top-p cut.
+    const size_t k_limit = use_k ? std::min<size_t>(params_.top_k, n) : n;
+    const double p_mass = static_cast<double>(params_.top_p) * total;
+    size_t k = std::min<size_t>(use_k ? k_limit : 64, n);
+    size_t keep = 0;
+    for (;;) {
+      std::partial_sort(c.begin(), c.begin() + k, c.begin() + n, Before);
+      double cum = 0.0;
+      keep = 0;
+      bool reached = false;
+      for (size_t i = 0; i < k; ++i) {
+        cum += c[i].p;
+        keep = i + 1;
+        if (use_p && cum >= p_mass) { reached = true; break; }
+      }
+      if (reached || k >= k_limit) break;
+      k = std::min(k * 4, k_limit);
+    }
+    out->assign(c.begin(), c.begin() + keep);
+  }
+  double kept = 0.0;
+  for (const Candidate& x : *out) kept += x.p;
+  const float inv = kept > 0.0 ? static_cast<float>(1.0 / kept) : 0.0f;
+  for (Candidate& x : *out) x.p *= inv;
+}
+
+TokenId Sampler::Draw(const std::vector<Candidate>& dist, Rng& rng) {
+  if (dist.empty()) return -1;
+  double u = rng.Uniform();
+  double total = 0.0;
+  for (const Candidate& x : dist) total += x.p;
+  u *= total;
+  double cum = 0.0;
+  for (const Candidate& x : dist) {
+    cum += x.p;
+    if (u < cum) return x.id;
+  }
+  return dist.back().id;
+}
+
+TokenId Sampler::Sample(const float* logits, int64_t n_vocab, Rng& rng) {
+  std::vector<Candidate> dist;
+  dist.swap(dist_);
+  Distribution(logits, n_vocab, &dist);
+  const TokenId t = Draw(dist, rng);
+  dist.swap(dist_);
+  return t;
+}
+
+}  // namespace mr

@@ -1,0 +1,75 @@
+// Token sampling: temperature, top-k, top-p, min-p, greedy, and a seeded PRNG.
+//
+// The sampler exposes the final distribution (Distribution) so that speculative verification
+// accepts and resamples against exactly the distribution plain sampling draws from.
+//
+// Order of the transforms (as Hugging Face transformers applies them):
+//   1. temperature: p ∝ exp(logit / T)   (T <= 0 means greedy: the argmax, lowest id on ties)
+//   2. top-k: keep the k most probable (k <= 0: off)
+//   3. top-p: keep the smallest prefix of the sorted candidates whose mass reaches p (p >= 1: off)
+//   4. min-p: drop candidates whose probability is below min_p × the largest one (0: off)
+//   5. renormalize.
+// When top-k or top-p cut the list, candidates are ordered by probability descending, ties by
+// token id ascending; otherwise they are in token id order (sorting a whole vocabulary costs
+// ~10 ms). Either way the result is a deterministic function of the logits.
+//
+// Thread-safety: a Sampler holds scratch buffers; use one per thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace mr {
+
+struct SamplingParams {
+  float temperature = 1.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+// xoshiro256** (Blackman & Vigna), state seeded from a 64-bit seed with SplitMix64.
+// Same seed => same sequence on every machine.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t Next();
+  double Uniform();  // [0, 1) with 53 random bits
+  // A seed from the OS (std::random_device) and the clock, for unseeded requests.
+  static uint64_t RandomSeed();
+
+ private:
+  uint64_t s_[4];
+};
+
+struct Candidate {
+  TokenId id;
+  float p;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params = {}) : params_(params) {}
+  const SamplingParams& params() const { return params_; }
+  void set_params(const SamplingParams& params) { params_ = params; }
+
+  // The final normalized distribution over the surviving candidates (sorted as above).
+  // Greedy: one candidate with p = 1. `out` is cleared first; its capacity is reused.
+  void Distribution(const float* logits, int64_t n_vocab, std::vector<Candidate>* out);
+
+  // Draws one token from Distribution(logits).
+  TokenId Sample(const float* logits, int64_t n_vocab, Rng& rng);
+
+  // Inverse-CDF draw from a normalized candidate list (u = rng.Uniform()).
+  static TokenId Draw(const std::vector<Candidate>& dist, Rng& rng);
+
+ private:
+  SamplingParams params_;
+  std::vector<Candidate> scratch_;
+  std::vector<Candidate> dist_;
+};
+
+}  // namespace mr
