@@ -1,7 +1,6 @@
 // AVX-512 (VNNI) Q8/g64 kernels: the AVX2 tile loops (q8_tile_impl.h) with the int8 dot done
-// by vpdpbusd on 256-bit registers (AVX512-VL): acc += |w| (u8) * sign(x, w) (s8), 4 products
-// per lane, no intermediate saturation. AVX-512 has no vpsignb, so the sign is applied with a
-// masked subtract (mask = lanes where w < 0). Compiled with the AVX-512 flags (file suffix);
+// by vpdpbusd on 256-bit registers (AVX512-VL): acc += |x| (u8) * sign(w, x) (s8), 4 products
+// per lane, no intermediate saturation (the sign comes from VEX vpsignb). Compiled with the AVX-512 flags (file suffix);
 // dispatch only selects it when cpuid reports AVX512F/BW/VL/DQ + VNNI and the OS saves zmm state.
 // Not executed on the development machine (AVX2 only); kernels_test runs it where available.
 #include "kernels/x86/q8_tile_impl.h"
@@ -11,11 +10,7 @@
 namespace {
 
 struct Avx512Isa {
-  static __m256i Dot(__m256i acc, __m256i w, __m256i aw, __m256i /*neg*/, __m256i x) {
-    const __mmask32 neg = _mm256_movepi8_mask(w);
-    const __m256i sx = _mm256_mask_sub_epi8(x, neg, _mm256_setzero_si256(), x);
-    return _mm256_dpbusd_epi32(acc, aw, sx);
-  }
+  static __m256i Dot(__m256i acc, __m256i sw, __m256i ax) { return _mm256_dpbusd_epi32(acc, ax, sw); }
 };
 
 }  // namespace

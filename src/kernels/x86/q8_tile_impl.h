@@ -1,7 +1,8 @@
 // Shared body of the x86 Q8/g64 tile kernels, included by matmul_avx2.cpp and
 // matmul_avx512.cpp after they define the ISA-specific pieces:
-//   struct Isa { static __m256i Dot(__m256i acc, __m256i w, __m256i aw, __m256i x); };
-// (acc += per-lane sums of 4 int8 products w*x; aw = |w| precomputed once per weight load).
+//   struct Isa { static __m256i Dot(__m256i acc, __m256i sw, __m256i ax); };
+// (acc += per-lane sums of 4 products of u8 ax = |x| and s8 sw = sign(w, x); with |x|, |w| <= 127
+// each product equals w*x and no intermediate saturates).
 // Everything here sits in an anonymous namespace, so each ISA's translation unit gets its own
 // copy compiled with its own flags (no inline function is shared across ISA files).
 //
@@ -28,6 +29,10 @@ using mr::kQ8Tile;
 using mr::QMatrix;
 
 constexpr int kPassRows = 4;               // activation rows per pass over a tile
+#ifndef MR_PREFETCH
+#define MR_PREFETCH 4096
+#endif
+constexpr int64_t kPrefetchBytes = MR_PREFETCH;  // software prefetch distance in the weight stream
 constexpr int64_t kChunkBytes = 96 * 1024;  // weight bytes per L2-resident chunk of tiles
 
 inline __m256 LoadScales8(const uint16_t* s) { return LoadBf16x8(s); }
@@ -47,16 +52,26 @@ inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols
     __m256i isum[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    // |x| of this group's activations, once per (tile, group) for all 16 chunks: the dot
+    // products take |x| (u8) times sign(w, x) (s8), which equals w*x exactly.
+    alignas(32) int8_t ax[R][kQ8Group];
     const int8_t* xg = xq + g * kQ8Group;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + r * cols + 32 * h));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ax[r] + 32 * h), _mm256_abs_epi8(v));
+      }
+    }
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) {
+      if (kPrefetchBytes > 0 && (k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
-      const __m256i neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), wv);  // 0xff where w < 0
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256i xb = _mm256_set1_epi32(Load4(xg + r * cols + 4 * k));
-        isum[r] = Isa::Dot(isum[r], wv, aw, neg, xb);
+        const __m256i xa = _mm256_set1_epi32(Load4(ax[r] + 4 * k));
+        isum[r] = Isa::Dot(isum[r], _mm256_sign_epi8(wv, xb), xa);
       }
     }
     const __m256 ws = LoadScales8(sc);
