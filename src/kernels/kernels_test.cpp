@@ -120,7 +120,7 @@ TEST_P(VariantTest, QuantizeActsMatchesReference) {
       auto x = RandomVec(rows * cols, static_cast<uint32_t>(cols + rows), 3.0f);
       x[5] = 0.0f;
       std::vector<int8_t> q1(rows * cols), q2(rows * cols);
-      std::vector<float> s1(rows * cols / 64), s2(rows * cols / 64);
+      std::vector<float> s1(rows * cols / kActGroup), s2(rows * cols / kActGroup);
       ref::QuantizeActs(x.data(), rows, cols, q1.data(), s1.data());
       k.quantize_acts(x.data(), rows, cols, q2.data(), s2.data());
       for (size_t i = 0; i < s1.size(); ++i) EXPECT_FLOAT_EQ(s1[i], s2[i]);
@@ -147,7 +147,7 @@ TEST_P(VariantTest, MatmulMatchesIntegerReferenceOnOddSizes) {
         QMatrix m = QuantizeQ8(w.data(), out, cols, nullptr);
         QMatrix p = PackQ8(m);
         std::vector<int8_t> xq(n * cols);
-        std::vector<float> xs(n * cols / 64);
+        std::vector<float> xs(n * cols / kActGroup);
         ref::QuantizeActs(x.data(), n, cols, xq.data(), xs.data());
         std::vector<float> y_ref(n * out, -1.0f), y(n * out, -1.0f);
         const int64_t t0 = p.tiles() > 2 ? 1 : 0, t1 = p.tiles();
@@ -180,7 +180,7 @@ TEST_P(VariantTest, FusedGluMatchesReference) {
         QMatrix g = QuantizeQ8(wg.data(), out, cols, nullptr), u = QuantizeQ8(wu.data(), out, cols, nullptr);
         QMatrix gp = PackQ8(g), up = PackQ8(u);
         std::vector<int8_t> xq(n * cols);
-        std::vector<float> xs(n * cols / 64);
+        std::vector<float> xs(n * cols / kActGroup);
         ref::QuantizeActs(x.data(), n, cols, xq.data(), xs.data());
         std::vector<float> y_ref(n * out), y(n * out, -1.0f);
         ref::MatmulQ8IntGlu(g, u, xq.data(), xs.data(), n, act, y_ref.data(), out, 0, out);

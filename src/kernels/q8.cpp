@@ -121,7 +121,7 @@ void QActs::Resize(int64_t rows, int64_t c) {
   n_rows = rows;
   cols = c;
   if (q.size() < static_cast<size_t>(rows * c)) q.resize(static_cast<size_t>(rows * c));
-  if (scales.size() < static_cast<size_t>(rows * (c / kQ8Group))) scales.resize(static_cast<size_t>(rows * (c / kQ8Group)));
+  if (scales.size() < static_cast<size_t>(rows * (c / kActGroup))) scales.resize(static_cast<size_t>(rows * (c / kActGroup)));
 }
 
 }  // namespace mr

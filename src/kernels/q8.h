@@ -14,7 +14,7 @@
 //    same 4 activation bytes broadcast to all lanes and accumulate 8 outputs in the 8 lanes of
 //    one register, so no horizontal sums are needed and a tile's weights are read once for all
 //    activation rows. Packing is a pure permutation (UnpackQ8 restores the words exactly).
-// Activations for the integer kernels use the same grouping with FP32 scales (QActs).
+// Activations for the integer kernels: int8 per row per 32-group with FP32 scales (QActs).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,9 @@ namespace mr {
 constexpr int64_t kQ8Group = 64;
 constexpr int64_t kQ8Tile = 8;
 constexpr int64_t kQ8Block = kQ8Group * kQ8Tile;  // bytes of one (tile, group) block
+// Activations are quantized in groups of 32 (two FP32 scales per 64-input weight group): an
+// outlier then coarsens 32 values instead of 64, at the cost of one more FMA per row per half.
+constexpr int64_t kActGroup = 32;
 
 struct QMatrix {
   int64_t rows = 0;  // output features
@@ -73,12 +76,12 @@ QMatrix UnpackQ8(const QMatrix& m);
 // Dequantize one output row into dst[cols] (either order).
 void DequantizeQ8Row(const QMatrix& m, int64_t o, float* dst);
 
-// Activations quantized per row per 64-group to int8 with FP32 scales. Shape (n_rows, cols).
+// Activations quantized per row per 32-group to int8 with FP32 scales. Shape (n_rows, cols).
 struct QActs {
   int64_t n_rows = 0;
   int64_t cols = 0;
   std::vector<int8_t> q;       // (n_rows, cols)
-  std::vector<float> scales;   // (n_rows, cols / 64)
+  std::vector<float> scales;   // (n_rows, cols / kActGroup)
   void Resize(int64_t rows, int64_t c);
 };
 

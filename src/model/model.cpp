@@ -204,7 +204,7 @@ KvCache Model::NewKvCache(int64_t n_ctx) const {
 
 void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
   qa_.Resize(n_rows, cols);
-  const int64_t groups = cols / kQ8Group;
+  const int64_t groups = cols / kActGroup;
   if (n_rows <= 8) {  // decode and verify: cheaper than a hand-off to the workers
     kernels_->quantize_acts(x, n_rows, cols, qa_.q.data(), qa_.scales.data());
     return;

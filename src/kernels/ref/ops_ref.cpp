@@ -28,9 +28,12 @@ namespace {
 float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) {
   float acc = 0;
   for (int64_t g = 0; g < w.groups(); ++g) {
-    int32_t dot = 0;
-    for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
-    acc += static_cast<float>(dot) * (Bf16ToF32(w.scales[w.scale_index(o, g)]) * xsr[g]);
+    const float sw = Bf16ToF32(w.scales[w.scale_index(o, g)]);
+    for (int64_t a = 2 * g; a < 2 * g + 2; ++a) {  // the two activation groups of this weight group
+      int32_t dot = 0;
+      for (int64_t i = a * kActGroup; i < (a + 1) * kActGroup; ++i) dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
+      acc += static_cast<float>(dot) * (sw * xsr[a]);
+    }
   }
   return acc;
 }
@@ -40,7 +43,7 @@ float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) 
 void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
-    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotQ8Int(w, o, xq + r * w.cols, xs + r * w.groups());
+    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotQ8Int(w, o, xq + r * w.cols, xs + r * (w.cols / kActGroup));
   }
 }
 
@@ -48,8 +51,8 @@ void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, co
                     float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
     for (int64_t r = 0; r < n_rows; ++r) {
-      const float g = DotQ8Int(gate, o, xq + r * gate.cols, xs + r * gate.groups());
-      const float u = DotQ8Int(up, o, xq + r * up.cols, xs + r * up.groups());
+      const float g = DotQ8Int(gate, o, xq + r * gate.cols, xs + r * (gate.cols / kActGroup));
+      const float u = DotQ8Int(up, o, xq + r * up.cols, xs + r * (up.cols / kActGroup));
       y[r * ldy + o] = (act == GluAct::kSilu ? Silu(g) : GeluTanh(g)) * u;
     }
   }
@@ -117,17 +120,17 @@ void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, co
 }
 
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales) {
-  const int64_t groups = cols / kQ8Group;
+  const int64_t groups = cols / kActGroup;
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + r * cols + g * kQ8Group;
+      const float* src = x + r * cols + g * kActGroup;
       float amax = 0;
-      for (int i = 0; i < kQ8Group; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+      for (int i = 0; i < kActGroup; ++i) amax = std::fmax(amax, std::fabs(src[i]));
       const float scale = amax / 127.0f;
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
       scales[r * groups + g] = scale;
-      for (int i = 0; i < kQ8Group; ++i) {
-        q[r * cols + g * kQ8Group + i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+      for (int i = 0; i < kActGroup; ++i) {
+        q[r * cols + g * kActGroup + i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
       }
     }
   }

@@ -8,8 +8,8 @@
 //
 // Packed layout (q8.h): a 32-byte chunk holds 4 inputs for the 8 outputs of a tile, so
 // broadcasting 4 activation bytes and Dot-ing gives 8 per-output partial sums in 8 lanes.
-// Per (tile, group): int32 lane sums over the 64 inputs, then one FMA per activation row:
-// acc[r] += float(isum[r]) * (wscale[8 lanes] * xscale[r, g]).  FP32 accumulation.
+// Per (tile, 32-input half of a group): int32 lane sums, then one FMA per activation row:
+// acc[r] += float(isum[r]) * (wscale[8 lanes] * xscale[r, 32-group]).  FP32 accumulation.
 #pragma once
 
 #include <immintrin.h>
@@ -23,6 +23,7 @@
 
 namespace {
 
+using mr::kActGroup;
 using mr::kQ8Block;
 using mr::kQ8Group;
 using mr::kQ8Tile;
@@ -45,13 +46,11 @@ inline int32_t Load4(const int8_t* p) {
 // acc[r] (8 outputs of tile t) += rows r of x · tile t, for R activation rows.
 template <class Isa, int R>
 inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols, const float* xs, __m256* acc) {
-  const int64_t groups = cols / kQ8Group;
+  const int64_t groups = cols / kQ8Group, agroups = cols / kActGroup;
   const int8_t* blk = w.block(t, 0);
   const uint16_t* sc = w.block_scales(t, 0);
   for (int64_t g = 0; g < groups; ++g, blk += kQ8Block, sc += kQ8Tile) {
     __m256i isum[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     // |x| of this group's activations, once per (tile, group) for all 16 chunks: the dot
     // products take |x| (u8) times sign(w, x) (s8), which equals w*x exactly.
     alignas(32) int8_t ax[R][kQ8Group];
@@ -63,22 +62,26 @@ inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols
         _mm256_store_si256(reinterpret_cast<__m256i*>(ax[r] + 32 * h), _mm256_abs_epi8(v));
       }
     }
-#pragma GCC unroll 16
-    for (int k = 0; k < 16; ++k) {
-      if (kPrefetchBytes > 0 && (k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
+    const __m256 ws = LoadScales8(sc);
+    for (int half = 0; half < 2; ++half) {  // activation groups 2g and 2g+1 (32 inputs each)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int k = 8 * half; k < 8 * half + 8; ++k) {
+        if (kPrefetchBytes > 0 && (k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i xb = _mm256_set1_epi32(Load4(xg + r * cols + 4 * k));
+          const __m256i xa = _mm256_set1_epi32(Load4(ax[r] + 4 * k));
+          isum[r] = Isa::Dot(isum[r], _mm256_sign_epi8(wv, xb), xa);
+        }
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m256i xb = _mm256_set1_epi32(Load4(xg + r * cols + 4 * k));
-        const __m256i xa = _mm256_set1_epi32(Load4(ax[r] + 4 * k));
-        isum[r] = Isa::Dot(isum[r], _mm256_sign_epi8(wv, xb), xa);
+        const __m256 s = _mm256_mul_ps(ws, _mm256_set1_ps(xs[r * agroups + 2 * g + half]));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), s, acc[r]);
       }
-    }
-    const __m256 ws = LoadScales8(sc);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256 s = _mm256_mul_ps(ws, _mm256_set1_ps(xs[r * groups + g]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), s, acc[r]);
     }
   }
 }
@@ -131,7 +134,7 @@ inline int64_t ChunkTiles(int64_t cols, int64_t n_mats) {
 template <class Isa>
 void MatmulTiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t t_begin, int64_t t_end) {
-  const int64_t groups = w.groups(), chunk = n_rows <= kPassRows ? (t_end - t_begin) : ChunkTiles(w.cols, 1);
+  const int64_t groups = w.cols / kActGroup, chunk = n_rows <= kPassRows ? (t_end - t_begin) : ChunkTiles(w.cols, 1);
   __m256 acc[kPassRows];
   for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk) {
     const int64_t c1 = c0 + chunk < t_end ? c0 + chunk : t_end;
@@ -148,7 +151,7 @@ void MatmulTiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_
 template <class Isa>
 void MatmulGluTiles(const QMatrix& wg, const QMatrix& wu, const int8_t* xq, const float* xs, int64_t n_rows,
                     mr::GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
-  const int64_t groups = wg.groups(), chunk = n_rows <= kPassRows ? (t_end - t_begin) : ChunkTiles(wg.cols, 2);
+  const int64_t groups = wg.cols / kActGroup, chunk = n_rows <= kPassRows ? (t_end - t_begin) : ChunkTiles(wg.cols, 2);
   __m256 ag[kPassRows], au[kPassRows];
   for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk) {
     const int64_t c1 = c0 + chunk < t_end ? c0 + chunk : t_end;
