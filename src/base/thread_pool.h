@@ -1,45 +1,63 @@
-// A fixed pool of worker threads for data-parallel ops. Run(n_tasks, fn) calls fn(task, thread)
-// for every task in [0, n_tasks), split statically across the calling thread and the workers,
-// and returns when all are done (one synchronization per op). No allocation per call.
+// A fixed pool of worker threads for data-parallel ops. ParallelFor(n, fn) calls
+// fn(begin, end, thread) over a static split of [0, n) across the calling thread and the
+// workers, and returns when all parts are done: one synchronization per op.
 //
-// Thread-safety: Run must be called from one thread at a time (the engine thread).
+// Hand-off is a generation counter: idle workers spin on it briefly (an op follows the last
+// one within microseconds during decode) and then sleep on it (std::atomic::wait, a futex on
+// Linux), so a pool costs no CPU while the engine is idle. No allocation per call: the callable
+// is passed by reference through a two-word FnRef, never copied into a std::function.
+//
+// Thread-safety: ParallelFor must be called from one thread at a time (the engine thread).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
+#include <cstdint>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mr {
 
 class ThreadPool {
  public:
+  // A non-owning reference to a callable fn(int64_t begin, int64_t end, int thread).
+  struct FnRef {
+    void* obj;
+    void (*call)(void* obj, int64_t begin, int64_t end, int thread);
+  };
+
   explicit ThreadPool(int n_threads);  // total threads including the caller; >= 1
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
-  // fn(begin, end, thread_index) over a static split of [0, n) into size() contiguous parts.
-  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
+  // fn(begin, end, thread_index) over a static split of [0, n) into size() contiguous parts:
+  // thread t gets [n*t/size, n*(t+1)/size). Parts may be empty (then fn is not called).
+  template <class F>
+  void ParallelFor(int64_t n, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    FnRef ref{const_cast<void*>(static_cast<const void*>(&fn)), [](void* o, int64_t b, int64_t e, int t) {
+                (*static_cast<Fn*>(o))(b, e, t);
+              }};
+    Run(n, ref);
+  }
 
   static int DefaultThreads();  // physical cores (MERERUN_THREADS overrides)
 
  private:
+  void Run(int64_t n, FnRef fn);
   void WorkerLoop(int index);
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_start_;
-  std::condition_variable cv_done_;
-  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  // Written by the caller before bumping generation_ (release), read by workers after (acquire).
+  FnRef job_{nullptr, nullptr};
   int64_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace mr

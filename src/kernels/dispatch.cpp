@@ -40,8 +40,10 @@ CpuFlags ReadCpuFlags() {
   return f;
 }
 
-const KernelTable kScalar = {CpuVariant::kScalar, &ref::QuantizeActs, &ref::MatmulQ8Int};
-const KernelTable kAvx2 = {CpuVariant::kAvx2, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx2};
+const KernelTable kScalar = {CpuVariant::kScalar, &ref::QuantizeActs, &ref::MatmulQ8Tiles, &ref::MatmulQ8GluTiles, &ref::AttentionGqa};
+const KernelTable kAvx2 = {CpuVariant::kAvx2, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx2, &x86::MatmulQ8GluAvx2, &x86::AttentionGqaAvx2};
+// AVX-512 machines have AVX2: activation quantization and attention are shared.
+const KernelTable kAvx512 = {CpuVariant::kAvx512, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx512, &x86::MatmulQ8GluAvx512, &x86::AttentionGqaAvx2};
 
 }  // namespace
 
@@ -89,8 +91,11 @@ CpuVariant SelectedCpuVariant() {
 }
 
 const KernelTable& GetKernels(CpuVariant v) {
-  // AVX-512 kernels arrive with the kernels issue; until then AVX-512 machines run the AVX2 ones.
-  if (v == CpuVariant::kAvx512 || v == CpuVariant::kAvx2) return kAvx2;
+  switch (v) {
+    case CpuVariant::kAvx512: return kAvx512;
+    case CpuVariant::kAvx2: return kAvx2;
+    case CpuVariant::kScalar: return kScalar;
+  }
   return kScalar;
 }
 

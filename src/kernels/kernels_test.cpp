@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 
 #include "base/half.h"
 #include "kernels/ops.h"
@@ -58,6 +59,35 @@ TEST(Q8, RelativeErrorIsSmallOnGaussianWeights) {
   EXPECT_LT(err.rms / err.rms_w, 0.01);  // int8 with per-64 scales: ~0.3% typical
 }
 
+TEST(Q8, PackingIsAPermutationThatUnpackRestores) {
+  for (int64_t rows : {1, 8, 13, 64}) {
+    for (int64_t cols : {64, 320}) {
+      auto w = RandomVec(rows * cols, static_cast<uint32_t>(rows + cols));
+      QMatrix m = QuantizeQ8(w.data(), rows, cols, nullptr);
+      QMatrix p = PackQ8(m);
+      ASSERT_TRUE(p.packed);
+      ASSERT_EQ(p.tiles(), (rows + 7) / 8);
+      // Every word lands where q_index says, padding rows are zero, and unpacking is exact.
+      for (int64_t o = 0; o < rows; ++o) {
+        for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(p.q[p.q_index(o, i)], m.q[o * cols + i]);
+        for (int64_t g = 0; g < m.groups(); ++g) ASSERT_EQ(p.scales[p.scale_index(o, g)], m.scales[o * m.groups() + g]);
+      }
+      int64_t nonzero_pad = 0;
+      for (int64_t o = rows; o < p.tiles() * 8; ++o) {
+        for (int64_t i = 0; i < cols; ++i) nonzero_pad += p.q[p.q_index(o, i)] != 0;
+      }
+      EXPECT_EQ(nonzero_pad, 0);
+      QMatrix u = UnpackQ8(p);
+      EXPECT_EQ(u.q, m.q);
+      EXPECT_EQ(u.scales, m.scales);
+      std::vector<float> a(cols), b(cols);
+      DequantizeQ8Row(m, rows - 1, a.data());
+      DequantizeQ8Row(p, rows - 1, b.data());
+      EXPECT_EQ(a, b);
+    }
+  }
+}
+
 TEST(Ref, MatmulQ8MatchesDequantizedDoubleDot) {
   const int64_t rows = 5, cols = 192, n = 3;
   auto w = RandomVec(rows * cols, 2);
@@ -90,7 +120,7 @@ TEST_P(VariantTest, QuantizeActsMatchesReference) {
       auto x = RandomVec(rows * cols, static_cast<uint32_t>(cols + rows), 3.0f);
       x[5] = 0.0f;
       std::vector<int8_t> q1(rows * cols), q2(rows * cols);
-      std::vector<float> s1(rows * cols / 64), s2(rows * cols / 64);
+      std::vector<float> s1(rows * cols / kActGroup), s2(rows * cols / kActGroup);
       ref::QuantizeActs(x.data(), rows, cols, q1.data(), s1.data());
       k.quantize_acts(x.data(), rows, cols, q2.data(), s2.data());
       for (size_t i = 0; i < s1.size(); ++i) EXPECT_FLOAT_EQ(s1[i], s2[i]);
@@ -105,22 +135,25 @@ TEST_P(VariantTest, QuantizeActsMatchesReference) {
 }
 
 TEST_P(VariantTest, MatmulMatchesIntegerReferenceOnOddSizes) {
-  const KernelTable& k = GetKernels(GetParam());
-  // Output sizes not multiples of anything, row counts 1..11 (exercise the 8-row tiling edges),
-  // a sub-range of outputs as a thread would get.
+  const KernelTable& k = GetParam() == CpuVariant::kScalar ? GetKernels(CpuVariant::kScalar) : GetKernels(GetParam());
+  // Output sizes not multiples of the 8-row tile, inputs not multiples of 256, row counts
+  // 1..8 and beyond (passes of 4 rows, L2 chunks of tiles), a sub-range of tiles as a thread
+  // would get.
   for (int64_t cols : {64, 192, 640}) {
-    for (int64_t out : {1, 7, 33}) {
-      for (int64_t n : {1, 2, 3, 5, 8, 9, 11}) {
+    for (int64_t out : {1, 7, 33, 100}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
         auto w = RandomVec(out * cols, static_cast<uint32_t>(out * 31 + cols));
         auto x = RandomVec(n * cols, static_cast<uint32_t>(n * 17 + cols), 2.0f);
         QMatrix m = QuantizeQ8(w.data(), out, cols, nullptr);
+        QMatrix p = PackQ8(m);
         std::vector<int8_t> xq(n * cols);
-        std::vector<float> xs(n * cols / 64);
+        std::vector<float> xs(n * cols / kActGroup);
         ref::QuantizeActs(x.data(), n, cols, xq.data(), xs.data());
         std::vector<float> y_ref(n * out, -1.0f), y(n * out, -1.0f);
-        const int64_t o0 = out > 2 ? 1 : 0, o1 = out;
-        ref::MatmulQ8Int(m, xq.data(), xs.data(), n, y_ref.data(), out, o0, o1);
-        k.matmul_q8(m, xq.data(), xs.data(), n, y.data(), out, o0, o1);
+        const int64_t t0 = p.tiles() > 2 ? 1 : 0, t1 = p.tiles();
+        const int64_t o0 = t0 * kQ8Tile;
+        ref::MatmulQ8Int(m, xq.data(), xs.data(), n, y_ref.data(), out, o0, out);
+        k.matmul_q8(p, xq.data(), xs.data(), n, y.data(), out, t0, t1);
         for (int64_t r = 0; r < n; ++r) {
           for (int64_t o = 0; o < out; ++o) {
             const float a = y_ref[r * out + o], b = y[r * out + o];
@@ -129,6 +162,67 @@ TEST_P(VariantTest, MatmulMatchesIntegerReferenceOnOddSizes) {
             } else {
               EXPECT_NEAR(a, b, 1e-4f * (1.0f + std::fabs(a))) << "cols " << cols << " out " << out << " n " << n;
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(VariantTest, FusedGluMatchesReference) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (GluAct act : {GluAct::kSilu, GluAct::kGeluTanh}) {
+    for (int64_t out : {5, 24, 41}) {
+      for (int64_t n : {1, 3, 8, 11}) {
+        const int64_t cols = 320;
+        auto wg = RandomVec(out * cols, 5 + out), wu = RandomVec(out * cols, 6 + out);
+        auto x = RandomVec(n * cols, 7 + n, 1.5f);
+        QMatrix g = QuantizeQ8(wg.data(), out, cols, nullptr), u = QuantizeQ8(wu.data(), out, cols, nullptr);
+        QMatrix gp = PackQ8(g), up = PackQ8(u);
+        std::vector<int8_t> xq(n * cols);
+        std::vector<float> xs(n * cols / kActGroup);
+        ref::QuantizeActs(x.data(), n, cols, xq.data(), xs.data());
+        std::vector<float> y_ref(n * out), y(n * out, -1.0f);
+        ref::MatmulQ8IntGlu(g, u, xq.data(), xs.data(), n, act, y_ref.data(), out, 0, out);
+        k.matmul_q8_glu(gp, up, xq.data(), xs.data(), n, act, y.data(), out, 0, gp.tiles());
+        for (int64_t i = 0; i < n * out; ++i) {
+          EXPECT_NEAR(y_ref[i], y[i], 2e-4f * (1.0f + std::fabs(y_ref[i]))) << "out " << out << " n " << n << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
+  const KernelTable& k = GetKernels(GetParam());
+  // Head sizes 64 and 256 (vector path) and 12 (scalar fallback); spans shorter than, equal
+  // to and longer than one block; a window that does not start at 0.
+  for (int64_t hd : {12, 64, 256}) {
+    for (int64_t n_q : {1, 3}) {
+      for (auto [j0, j1] : {std::pair<int64_t, int64_t>{0, 1}, {0, 64}, {5, 150}, {0, 200}}) {
+        const int64_t n_kv = 2, stride = n_kv * hd, kh = 1;
+        auto kf = RandomVec(j1 * stride, 11, 2.0f), vf = RandomVec(j1 * stride, 12);
+        std::vector<uint16_t> K(kf.size()), V(vf.size());
+        for (size_t i = 0; i < kf.size(); ++i) { K[i] = F32ToBf16(kf[i]); V[i] = F32ToBf16(vf[i]); }
+        auto q = RandomVec(n_q * hd, 13);
+        std::vector<float> out(n_q * hd), scratch(AttentionScratchFloats(n_q, hd));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        k.attention(q.data(), n_q, hd, K.data() + kh * hd, V.data() + kh * hd, stride, j0, j1, scale, out.data(),
+                    scratch.data());
+        for (int64_t h = 0; h < n_q; ++h) {
+          std::vector<double> s(j1 - j0);
+          double mx = -1e30, sum = 0;
+          for (int64_t j = j0; j < j1; ++j) {
+            double dot = 0;
+            for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * Bf16ToF32(K[j * stride + kh * hd + i]);
+            s[j - j0] = dot * scale;
+            mx = std::max(mx, s[j - j0]);
+          }
+          for (auto& x : s) { x = std::exp(x - mx); sum += x; }
+          for (int64_t i = 0; i < hd; ++i) {
+            double acc = 0;
+            for (int64_t j = j0; j < j1; ++j) acc += s[j - j0] / sum * Bf16ToF32(V[j * stride + kh * hd + i]);
+            EXPECT_NEAR(out[h * hd + i], acc, 1e-5 + 1e-4 * std::fabs(acc)) << "hd " << hd << " j " << j0 << ".." << j1;
           }
         }
       }

@@ -10,6 +10,7 @@
 namespace mr {
 
 enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+enum class GluAct { kSilu = 0, kGeluTanh = 1 };
 
 const char* CpuVariantName(CpuVariant v);
 // Best variant this CPU supports (cpuid + xgetbv: the OS must save the vector state).
@@ -19,16 +20,34 @@ CpuVariant DetectCpuVariant();
 CpuVariant SelectedCpuVariant();
 bool CpuSupports(CpuVariant v);
 
-// Integer Q8/g64 kernels on quantized activations.
+// Integer Q8/g64 kernels on quantized activations. Weight matrices are packed (q8.h); a call
+// covers output tiles [t_begin, t_end) (8 outputs each; the last tile of a matrix may be
+// partial, only its real outputs are written), so threads split an op by tiles.
+// Any number of activation rows: each weight tile is read once from memory for all rows
+// (rows are processed in passes of up to 4 against the tile while it is in cache, and for
+// many rows tiles are taken in L2-sized chunks: the blocked GEMM path of prefill).
 struct KernelTable {
   CpuVariant variant;
-  // x (n_rows, cols) FP32 -> q (n_rows, cols) int8 + scales (n_rows, cols/64), symmetric per group.
+  // x (n_rows, cols) FP32 -> q (n_rows, cols) int8 + scales (n_rows, cols/32), symmetric per
+  // 32-group (kActGroup): scale = amax/127, q = round(x/scale).
   void (*quantize_acts)(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
-  // y[r * ldy + o] = sum_i w[o][i] * xdeq[r][i], for r in [0, n_rows), o in [o_begin, o_end).
-  // Streams each weight row once for up to 8 activation rows.
+  // y[r * ldy + o] = sum_i w[o][i] * xdeq[r][i] for r < n_rows and o in the tiles' outputs.
   void (*matmul_q8)(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
-                    int64_t o_begin, int64_t o_end);
+                    int64_t t_begin, int64_t t_end);
+  // y[r * ldy + o] = act(gate·x) * (up·x): gate and up projections with the GLU in one pass.
+  void (*matmul_q8_glu)(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
+                        GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+  // Attention of n_q query heads that share one KV head, for one query row, over cache
+  // positions [j_begin, j_end): out[h*hd + i] = sum_j softmax_j(scale * q_h·k_j) v_j[i].
+  // k, v point at the KV head's slice of position 0 (BF16, rows kv_stride elements apart).
+  // Online softmax over blocks of kAttnBlock positions; each K/V row is read once for all
+  // n_q heads (GQA). scratch: AttentionScratchFloats(n_q, hd) floats.
+  void (*attention)(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
+                    int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
 };
+
+constexpr int64_t kAttnBlock = 64;
+inline int64_t AttentionScratchFloats(int64_t n_q, int64_t hd) { return n_q * kAttnBlock + 2 * hd + 2 * n_q; }
 
 const KernelTable& GetKernels(CpuVariant v);
 

@@ -1,6 +1,7 @@
 #include "kernels/q8.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "base/half.h"
 
@@ -61,12 +62,58 @@ QMatrix QuantizeQ8(const float* w, int64_t rows, int64_t cols, QuantError* err) 
   return m;
 }
 
+QMatrix NewPackedQ8(int64_t rows, int64_t cols) {
+  MR_CHECK(cols % kQ8Group == 0);
+  QMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.packed = true;
+  m.q.assign(static_cast<size_t>(m.tiles() * kQ8Tile * cols), 0);
+  m.scales.assign(static_cast<size_t>(m.tiles() * kQ8Tile * m.groups()), 0);
+  return m;
+}
+
+void PackRowsInto(const QMatrix& part, int64_t r0, QMatrix* dst) {
+  MR_CHECK(!part.packed && dst->packed && part.cols == dst->cols && r0 % kQ8Tile == 0 && r0 + part.rows <= dst->rows);
+  const int64_t cols = part.cols, groups = part.groups();
+  for (int64_t r = 0; r < part.rows; ++r) {
+    const int64_t o = r0 + r;
+    const int8_t* src = part.q.data() + r * cols;
+    for (int64_t i = 0; i < cols; i += 4) {
+      std::memcpy(dst->q.data() + dst->q_index(o, i), src + i, 4);  // 4 inputs stay adjacent
+    }
+    for (int64_t g = 0; g < groups; ++g) dst->scales[dst->scale_index(o, g)] = part.scales[r * groups + g];
+  }
+}
+
+QMatrix PackQ8(const QMatrix& m) {
+  MR_CHECK(!m.packed);
+  QMatrix p = NewPackedQ8(m.rows, m.cols);
+  PackRowsInto(m, 0, &p);
+  return p;
+}
+
+QMatrix UnpackQ8(const QMatrix& m) {
+  MR_CHECK(m.packed);
+  QMatrix u;
+  u.rows = m.rows;
+  u.cols = m.cols;
+  u.q.resize(static_cast<size_t>(m.rows * m.cols));
+  u.scales.resize(static_cast<size_t>(m.rows * m.groups()));
+  for (int64_t o = 0; o < m.rows; ++o) {
+    for (int64_t i = 0; i < m.cols; i += 4) std::memcpy(u.q.data() + o * m.cols + i, m.q.data() + m.q_index(o, i), 4);
+    for (int64_t g = 0; g < m.groups(); ++g) u.scales[o * m.groups() + g] = m.scales[m.scale_index(o, g)];
+  }
+  return u;
+}
+
 void DequantizeQ8Row(const QMatrix& m, int64_t o, float* dst) {
-  const int8_t* q = m.row_q(o);
-  const uint16_t* s = m.row_scales(o);
   for (int64_t g = 0; g < m.groups(); ++g) {
-    const float scale = Bf16ToF32(s[g]);
-    for (int i = 0; i < kQ8Group; ++i) dst[g * kQ8Group + i] = q[g * kQ8Group + i] * scale;
+    const float scale = Bf16ToF32(m.scales[m.scale_index(o, g)]);
+    for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; i += 4) {
+      const int8_t* q = m.q.data() + m.q_index(o, i);
+      for (int k = 0; k < 4; ++k) dst[i + k] = q[k] * scale;
+    }
   }
 }
 
@@ -74,7 +121,7 @@ void QActs::Resize(int64_t rows, int64_t c) {
   n_rows = rows;
   cols = c;
   if (q.size() < static_cast<size_t>(rows * c)) q.resize(static_cast<size_t>(rows * c));
-  if (scales.size() < static_cast<size_t>(rows * (c / kQ8Group))) scales.resize(static_cast<size_t>(rows * (c / kQ8Group)));
+  if (scales.size() < static_cast<size_t>(rows * (c / kActGroup))) scales.resize(static_cast<size_t>(rows * (c / kActGroup)));
 }
 
 }  // namespace mr

@@ -1,7 +1,20 @@
 // The engine's weight format Q8/g64: int8 symmetric, one BF16 scale per 64 inputs.
-// A matrix has `rows` outputs of `cols` inputs (cols % 64 == 0), stored row-major:
-//   q[rows][cols] int8, scales[rows][cols/64] bf16; w[o][i] = q[o][i] * scale[o][i/64].
-// Activations for the integer kernels use the same grouping with FP32 scales (QActs).
+// A matrix has `rows` outputs of `cols` inputs (cols % 64 == 0); w[o][i] = q(o, i) * scale(o, i/64).
+//
+// Two storage orders of the same words:
+//  - row-major (QuantizeQ8's output, packed == false):
+//      q[o * cols + i], scales[o * groups + g];
+//  - tile-interleaved (PackQ8, what the kernels read, packed == true): outputs are grouped in
+//    tiles of kQ8Tile = 8 rows (the last tile padded with zero rows). Tile t, group g is one
+//    512-byte block at ((t * groups + g) * 512); inside it, 16 chunks of 32 bytes, chunk k
+//    holding inputs 4k..4k+3 of the group for rows 0..7 of the tile:
+//      q(o, i) at block(o/8, i/64) + ((i%64)/4) * 32 + (o%8) * 4 + i%4
+//    and scale(o, g) at scales[(t * groups + g) * 8 + o%8].
+//    A 32-byte load then holds 4 inputs for 8 outputs: the kernels multiply it against the
+//    same 4 activation bytes broadcast to all lanes and accumulate 8 outputs in the 8 lanes of
+//    one register, so no horizontal sums are needed and a tile's weights are read once for all
+//    activation rows. Packing is a pure permutation (UnpackQ8 restores the words exactly).
+// Activations for the integer kernels: int8 per row per 32-group with FP32 scales (QActs).
 #pragma once
 
 #include <cstdint>
@@ -12,17 +25,35 @@
 namespace mr {
 
 constexpr int64_t kQ8Group = 64;
+constexpr int64_t kQ8Tile = 8;
+constexpr int64_t kQ8Block = kQ8Group * kQ8Tile;  // bytes of one (tile, group) block
+// Activations are quantized in groups of 32 (two FP32 scales per 64-input weight group): an
+// outlier then coarsens 32 values instead of 64, at the cost of one more FMA per row per half.
+constexpr int64_t kActGroup = 32;
 
 struct QMatrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features, multiple of kQ8Group
-  std::vector<int8_t> q;         // (rows, cols)
-  std::vector<uint16_t> scales;  // (rows, cols / 64) bf16
+  bool packed = false;
+  std::vector<int8_t> q;         // row-major (rows, cols) or packed (tiles, groups, 512)
+  std::vector<uint16_t> scales;  // row-major (rows, groups) or packed (tiles, groups, 8); bf16
 
   int64_t groups() const { return cols / kQ8Group; }
-  const int8_t* row_q(int64_t o) const { return q.data() + o * cols; }
-  const uint16_t* row_scales(int64_t o) const { return scales.data() + o * groups(); }
-  size_t bytes() const { return q.size() + scales.size() * 2; }
+  int64_t tiles() const { return (rows + kQ8Tile - 1) / kQ8Tile; }
+  // Index of q(o, i) and scale(o, g) in either order.
+  int64_t q_index(int64_t o, int64_t i) const {
+    if (!packed) return o * cols + i;
+    return ((o / kQ8Tile) * groups() + i / kQ8Group) * kQ8Block + ((i % kQ8Group) / 4) * 32 + (o % kQ8Tile) * 4 + i % 4;
+  }
+  int64_t scale_index(int64_t o, int64_t g) const {
+    if (!packed) return o * groups() + g;
+    return ((o / kQ8Tile) * groups() + g) * kQ8Tile + o % kQ8Tile;
+  }
+  // Packed: the block of tile t, group g, and its 8 scales.
+  const int8_t* block(int64_t t, int64_t g) const { return q.data() + (t * groups() + g) * kQ8Block; }
+  const uint16_t* block_scales(int64_t t, int64_t g) const { return scales.data() + (t * groups() + g) * kQ8Tile; }
+  // Bytes of weights read per use (padding rows excluded).
+  size_t bytes() const { return static_cast<size_t>(rows * cols + rows * groups() * 2); }
 };
 
 // Conversion error statistics of one matrix (for debug logging).
@@ -32,19 +63,25 @@ struct QuantError {
   double rms_w = 0;    // rms of w (to relate the error)
 };
 
-// Quantize row-major FP32 weights (rows, cols) to Q8/g64. cols must be a multiple of 64.
-// If err is non-null, fills conversion error statistics.
+// Quantize row-major FP32 weights (rows, cols) to Q8/g64, row-major order. cols must be a
+// multiple of 64. If err is non-null, fills conversion error statistics.
 QMatrix QuantizeQ8(const float* w, int64_t rows, int64_t cols, QuantError* err);
-// Dequantize one output row into dst[cols].
+// An empty packed matrix (zeroed, padding included) to fill with PackRowsInto.
+QMatrix NewPackedQ8(int64_t rows, int64_t cols);
+// Copy the rows of a row-major `part` into packed `dst` at output row r0 (r0 % 8 == 0).
+void PackRowsInto(const QMatrix& part, int64_t r0, QMatrix* dst);
+// Row-major -> tile-interleaved and back (pure permutations of the int8 words and scales).
+QMatrix PackQ8(const QMatrix& m);
+QMatrix UnpackQ8(const QMatrix& m);
+// Dequantize one output row into dst[cols] (either order).
 void DequantizeQ8Row(const QMatrix& m, int64_t o, float* dst);
 
-// Activations quantized per row per 64-group to int8 with FP32 scales. Shape (n_rows, cols).
+// Activations quantized per row per 32-group to int8 with FP32 scales. Shape (n_rows, cols).
 struct QActs {
   int64_t n_rows = 0;
   int64_t cols = 0;
   std::vector<int8_t> q;       // (n_rows, cols)
-  std::vector<float> scales;   // (n_rows, cols / 64)
-  std::vector<int32_t> sums;   // unused by symmetric kernels; reserved
+  std::vector<float> scales;   // (n_rows, cols / kActGroup)
   void Resize(int64_t rows, int64_t c);
 };
 

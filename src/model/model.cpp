@@ -39,9 +39,10 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
   const char* path_env = std::getenv("MERERUN_PATH");
   m->ref_path_ = opts.ref_path || (path_env && std::strcmp(path_env, "ref") == 0);
-  m->kernels_ = &GetKernels(opts.cpu);
+  m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
   MR_RETURN_IF_ERROR(m->LoadWeights());
+  m->InitRope();
   MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB Q8 weights, %s path, %s, %d threads",
           path.c_str(), arch.c_str(), (long long)m->cfg_.n_layer, (long long)m->cfg_.d_model, (long long)m->cfg_.n_head,
           (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0,
@@ -97,11 +98,8 @@ Status Model::LoadWeights() {
     }
     const size_t row_bytes = t->row_bytes();
     source_[out] = t;
-    out->rows = rows;
-    out->cols = cols;
-    out->q.resize(static_cast<size_t>(rows * cols));
-    out->scales.resize(static_cast<size_t>(rows * (cols / kQ8Group)));
-    constexpr int64_t kChunk = 64;
+    *out = NewPackedQ8(rows, cols);  // tile-interleaved for the kernels (q8.h)
+    constexpr int64_t kChunk = 64;  // a multiple of kQ8Tile
     const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
     std::vector<Status> errors(pool_->size());
     std::vector<double> err_sq(pool_->size(), 0), w_sq(pool_->size(), 0), err_max(pool_->size(), 0);
@@ -115,8 +113,7 @@ Status Model::LoadWeights() {
         }
         QuantError qe;
         QMatrix part = QuantizeQ8(buf.data(), nr, cols, &qe);
-        std::memcpy(out->q.data() + r0 * cols, part.q.data(), part.q.size());
-        std::memcpy(out->scales.data() + r0 * (cols / kQ8Group), part.scales.data(), part.scales.size() * 2);
+        PackRowsInto(part, r0, out);
         const double n = static_cast<double>(nr * cols);
         err_sq[th] += qe.rms * qe.rms * n;
         w_sq[th] += qe.rms_w * qe.rms_w * n;
@@ -172,6 +169,18 @@ Status Model::LoadWeights() {
   return Status::Ok();
 }
 
+void Model::InitRope() {
+  const int64_t hd = cfg_.head_dim, half = hd / 2;
+  rope_inv_.resize(half);
+  rope_inv_swa_.resize(half);
+  rope_cs_.resize(hd);
+  for (int64_t i = 0; i < half; ++i) {  // same float expression as ref::Rope
+    const float e = -2.0f * static_cast<float>(i) / static_cast<float>(hd);
+    rope_inv_[i] = std::pow(cfg_.rope_base, e);
+    rope_inv_swa_[i] = std::pow(cfg_.rope_base_swa, e);
+  }
+}
+
 size_t Model::weight_bytes() const {
   size_t b = w_.output.bytes() + (cfg_.tied_embeddings ? w_.tok_embd.bytes() : 0);
   for (const LayerWeights& L : w_.layers) {
@@ -195,15 +204,36 @@ KvCache Model::NewKvCache(int64_t n_ctx) const {
 
 void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
   qa_.Resize(n_rows, cols);
-  const int64_t groups = cols / kQ8Group;
+  const int64_t groups = cols / kActGroup;
+  if (n_rows <= 8) {  // decode and verify: cheaper than a hand-off to the workers
+    kernels_->quantize_acts(x, n_rows, cols, qa_.q.data(), qa_.scales.data());
+    return;
+  }
   pool_->ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
     kernels_->quantize_acts(x + b * cols, e - b, cols, qa_.q.data() + b * cols, qa_.scales.data() + b * groups);
   });
 }
 
 void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
-  pool_->ParallelFor(w.rows, [&](int64_t b, int64_t e, int) {
+  pool_->ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int) {
     kernels_->matmul_q8(w, qa_.q.data(), qa_.scales.data(), n_rows, y, w.rows, b, e);
+  });
+}
+
+// q, k and v projections of the quantized input in one parallel op: the threads split the
+// concatenated output tiles of the three matrices.
+void Model::MatmulQkv(const LayerWeights& L, int64_t n_rows) {
+  const int64_t tq = L.wq.tiles(), tk = L.wk.tiles(), tv = L.wv.tiles();
+  pool_->ParallelFor(tq + tk + tv, [&](int64_t b, int64_t e, int) {
+    const int8_t* xq = qa_.q.data();
+    const float* xs = qa_.scales.data();
+    auto part = [&](const QMatrix& w, int64_t off, float* y) {
+      const int64_t lo = std::max(b, off) - off, hi = std::min(e, off + w.tiles()) - off;
+      if (hi > lo) kernels_->matmul_q8(w, xq, xs, n_rows, y, w.rows, lo, hi);
+    };
+    part(L.wq, 0, q_.data());
+    part(L.wk, tq, k_.data());
+    part(L.wv, tq + tk, v_.data());
   });
 }
 
@@ -239,7 +269,8 @@ void Model::Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y) {
 }
 
 // out (n, n_head*hd): causal attention of q rows at positions pos0.. over the cache.
-void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
+// Reference path: exact softmax per head, scalar.
+void Model::AttentionRef(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
   const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
@@ -273,6 +304,55 @@ void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n,
   });
 }
 
+// Fast path: one job per (row, KV head) runs the q heads of that group together, so each K/V
+// row is read once per group (kernels' attention: online softmax, vectorized). Jobs are dealt
+// round-robin so causal rows of different lengths balance across threads.
+void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
+  const ModelConfig& c = cfg_;
+  const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
+  const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
+  const uint16_t* K = kv.k[layer].data();
+  const uint16_t* V = kv.v[layer].data();
+  const int64_t scratch = AttentionScratchFloats(group, hd);
+  const int n_th = pool_->size();
+  if (att_.size() < static_cast<size_t>(n_th * scratch)) att_.resize(static_cast<size_t>(n_th * scratch));
+  const int64_t jobs = n * c.n_head_kv;
+  pool_->ParallelFor(std::min<int64_t>(n_th, jobs), [&](int64_t b, int64_t e, int th) {
+    float* sc = att_.data() + th * scratch;
+    for (int64_t job = b; job < jobs; job += n_th) {
+      const int64_t t = job / c.n_head_kv, kh = job % c.n_head_kv;
+      const int64_t p = pos0 + t;
+      const int64_t lo = swa ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
+      kernels_->attention(q + t * q_dim + kh * group * hd, group, hd, K + kh * hd, V + kh * hd, kv.kv_dim, lo, p + 1,
+                          c.attn_scale, out + t * q_dim + kh * group * hd, sc);
+    }
+  });
+}
+
+// Rotary embedding of row t's heads at position pos with the layer's base, using per-base
+// inverse frequencies computed at load (the same float expression as ref::Rope) and one
+// cos/sin per pair shared by all heads of the row.
+void Model::RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa) {
+  const int64_t hd = cfg_.head_dim, half = hd / 2;
+  const float* inv = (swa ? rope_inv_swa_ : rope_inv_).data();
+  float* cs = rope_cs_.data();
+  for (int64_t i = 0; i < half; ++i) {
+    const float theta = static_cast<float>(pos) * inv[i];
+    cs[i] = std::cos(theta);
+    cs[half + i] = std::sin(theta);
+  }
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* x = v + h * hd;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = cfg_.rope_neox ? i : 2 * i;
+      const int64_t b = cfg_.rope_neox ? i + half : 2 * i + 1;
+      const float x0 = x[a], x1 = x[b], cv = cs[i], sv = cs[half + i];
+      x[a] = x0 * cv - x1 * sv;
+      x[b] = x0 * sv + x1 * cv;
+    }
+  }
+}
+
 Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
   const ModelConfig& c = cfg_;
   if (n <= 0) return InvalidArgument("[model] Forward called with no tokens");
@@ -286,14 +366,18 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
     }
   }
   const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  x_.resize(n * d);
-  h_.resize(n * std::max(d, q_dim));
-  q_.resize(n * q_dim);
-  k_.resize(n * kv_dim);
-  v_.resize(n * kv_dim);
-  tmp_.resize(n * std::max(d, q_dim));
-  gate_.resize(n * c.d_ff);
-  up_.resize(n * c.d_ff);
+  // Workspaces only grow: steady decode allocates nothing.
+  auto grow = [](std::vector<float>& v, int64_t size) {
+    if (v.size() < static_cast<size_t>(size)) v.resize(static_cast<size_t>(size));
+  };
+  grow(x_, n * d);
+  grow(h_, n * std::max(d, q_dim));
+  grow(q_, n * q_dim);
+  grow(k_, n * kv_dim);
+  grow(v_, n * kv_dim);
+  grow(tmp_, n * std::max(d, q_dim));
+  grow(gate_, n * c.d_ff);
+  grow(up_, n * c.d_ff);
 
   for (int64_t t = 0; t < n; ++t) {
     if (ref_path_) {
@@ -304,6 +388,7 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
     }
     if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) x_[t * d + i] *= c.embed_scale;
   }
+  const GluAct act = c.act == Activation::kSilu ? GluAct::kSilu : GluAct::kGeluTanh;
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = w_.layers[l];
@@ -312,11 +397,9 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
       Matmul(L.wq, h_.data(), n, q_.data());
       Matmul(L.wk, h_.data(), n, k_.data());
       Matmul(L.wv, h_.data(), n, v_.data());
-    } else {  // quantize the normed input once for q, k and v
+    } else {  // quantize the normed input once for q, k and v; one parallel op for all three
       QuantizeInput(h_.data(), n, d);
-      MatmulQuantized(L.wq, n, q_.data());
-      MatmulQuantized(L.wk, n, k_.data());
-      MatmulQuantized(L.wv, n, v_.data());
+      MatmulQkv(L, n);
     }
     const bool swa = c.layer_is_swa[l];
     const float base = swa ? c.rope_base_swa : c.rope_base;
@@ -328,19 +411,26 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
         for (int64_t i = 0; i < q_dim; ++i) qr[i] += L.bq[i];
         for (int64_t i = 0; i < kv_dim; ++i) { kr[i] += L.bk[i]; vr[i] += L.bv[i]; }
       }
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        if (c.qk_norm) ref::RmsNorm(qr + h * hd, L.q_norm.data(), hd, c.rms_eps, qr + h * hd);
-        ref::Rope(qr + h * hd, hd, pos0 + t, base, c.rope_neox);
+      if (c.qk_norm) {
+        for (int64_t h = 0; h < c.n_head; ++h) ref::RmsNorm(qr + h * hd, L.q_norm.data(), hd, c.rms_eps, qr + h * hd);
+        for (int64_t h = 0; h < c.n_head_kv; ++h) ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
       }
-      for (int64_t h = 0; h < c.n_head_kv; ++h) {
-        if (c.qk_norm) ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
-        ref::Rope(kr + h * hd, hd, pos0 + t, base, c.rope_neox);
+      if (ref_path_) {
+        for (int64_t h = 0; h < c.n_head; ++h) ref::Rope(qr + h * hd, hd, pos0 + t, base, c.rope_neox);
+        for (int64_t h = 0; h < c.n_head_kv; ++h) ref::Rope(kr + h * hd, hd, pos0 + t, base, c.rope_neox);
+      } else {
+        RopeRow(qr, c.n_head, pos0 + t, swa);
+        RopeRow(kr, c.n_head_kv, pos0 + t, swa);
       }
       uint16_t* kc = kv.k[l].data() + (pos0 + t) * kv_dim;
       uint16_t* vc = kv.v[l].data() + (pos0 + t) * kv_dim;
       for (int64_t i = 0; i < kv_dim; ++i) { kc[i] = F32ToBf16(kr[i]); vc[i] = F32ToBf16(vr[i]); }
     }
-    Attention(kv, l, pos0, n, q_.data(), h_.data());
+    if (ref_path_) {
+      AttentionRef(kv, l, pos0, n, q_.data(), h_.data());
+    } else {
+      Attention(kv, l, pos0, n, q_.data(), h_.data());
+    }
     Matmul(L.wo, h_.data(), n, tmp_.data());
     for (int64_t t = 0; t < n; ++t) {
       float* o = tmp_.data() + t * d;
@@ -348,21 +438,20 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
       for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
       ref::RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, c.rms_eps, h_.data() + t * d);
     }
+    const int64_t ff = c.d_ff;
     if (ref_path_) {
       Matmul(L.w_gate, h_.data(), n, gate_.data());
       Matmul(L.w_up, h_.data(), n, up_.data());
-    } else {
-      QuantizeInput(h_.data(), n, d);
-      MatmulQuantized(L.w_gate, n, gate_.data());
-      MatmulQuantized(L.w_up, n, up_.data());
-    }
-    const int64_t ff = c.d_ff;
-    pool_->ParallelFor(n * ff, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) {
+      for (int64_t i = 0; i < n * ff; ++i) {
         const float g = gate_[i];
         gate_[i] = (c.act == Activation::kSilu ? ref::Silu(g) : ref::GeluTanh(g)) * up_[i];
       }
-    });
+    } else {  // gate and up projections with the GLU, one pass
+      QuantizeInput(h_.data(), n, d);
+      pool_->ParallelFor(L.w_gate.tiles(), [&](int64_t b, int64_t e, int) {
+        kernels_->matmul_q8_glu(L.w_gate, L.w_up, qa_.q.data(), qa_.scales.data(), n, act, gate_.data(), ff, b, e);
+      });
+    }
     Matmul(L.w_down, gate_.data(), n, tmp_.data());
     for (int64_t t = 0; t < n; ++t) {
       float* o = tmp_.data() + t * d;

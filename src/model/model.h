@@ -110,6 +110,10 @@ class Model {
   void MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy);
   void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
   void MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y);
+  void MatmulQkv(const LayerWeights& L, int64_t n_rows);
+  void InitRope();
+  void RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa);
+  void AttentionRef(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
   void Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
 
   ModelConfig cfg_;
@@ -123,6 +127,7 @@ class Model {
   QActs qa_;
   const float* qa_src_ = nullptr;
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+  std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
   std::unordered_map<const QMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
 

@@ -4,7 +4,10 @@
 // gemma3's sliding window hides tokens beyond its receptive field.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -15,6 +18,9 @@
 
 namespace mr {
 namespace {
+
+std::atomic<int64_t> g_allocs{0};
+int64_t AllocCount() { return g_allocs.load(std::memory_order_relaxed); }
 
 constexpr uint32_t kF32 = 0;
 
@@ -164,9 +170,9 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   ASSERT_TRUE(ref->Forward(k2, toks.data(), n, true, b.data()).ok());
   double err = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) { err += (a[i] - b[i]) * (a[i] - b[i]); norm += b[i] * b[i]; }
-  // int8 activations with per-64 scales: relative error around 1%, far below what a wrong
-  // kernel or layout gives (~100%).
-  EXPECT_LT(std::sqrt(err / norm), 0.05) << s.arch;
+  // int8 activations with per-32 scales on Q8/g64 weights: relative error 2.2-2.4% on these
+  // random models, far below what a wrong kernel or layout gives (~100%).
+  EXPECT_LT(std::sqrt(err / norm), 0.035) << s.arch;
 }
 
 TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {
@@ -195,7 +201,9 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   s.arch = "gemma3";
   s.sliding_window = 3;
   const std::string path = WriteTinyModel(s, 5);
-  auto m = LoadTiny(path, true);
+  for (bool ref : {true, false}) {
+  SCOPED_TRACE(ref ? "reference path" : "fast path");
+  auto m = LoadTiny(path, ref);
   ASSERT_TRUE(m);
   std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<TokenId> b = a;
@@ -211,8 +219,59 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   };
   EXPECT_GT(row_diff(4), 1e-4) << "position 4 is within reach of position 0";
   for (int64_t p = 5; p < n; ++p) EXPECT_EQ(row_diff(p), 0.0) << "position " << p << " must not see position 0";
+  }
+  std::filesystem::remove(path);
+}
+
+// Steady decode must not touch the heap: after warm-up (workspaces sized), several 1-row
+// decode steps and 8-row verify steps run with zero calls to operator new (counted by the
+// replacement at the bottom of this file).
+TEST_P(TinyArchTest, SteadyDecodeDoesNotAllocate) {
+  TinySpec s;
+  s.arch = GetParam();
+  if (s.arch == "gemma3") s.sliding_window = 4;
+  const std::string path = WriteTinyModel(s, 21);
+  auto m = LoadTiny(path, false);
+  ASSERT_TRUE(m);
+  KvCache kv = m->NewKvCache(64);
+  std::vector<TokenId> toks = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+  std::vector<float> logits(8 * s.vocab);
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 12, false, logits.data()).ok());
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 1, false, logits.data()).ok());    // warm-up: 1 row
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 8, true, logits.data()).ok());     // warm-up: 8 rows
+  kv.n_past -= 8;
+  const int64_t before = AllocCount();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(m->Forward(kv, &toks[i], 1, false, logits.data()).ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(m->Forward(kv, toks.data() + i, 8, true, logits.data()).ok());
+    kv.n_past -= 8;  // a rejected draft rolls back
+  }
+  EXPECT_EQ(AllocCount() - before, 0) << s.arch;
+  // The counter works: an allocation in the window is seen.
+  const int64_t c0 = AllocCount();
+  auto* probe = new std::vector<int>(100);
+  EXPECT_GE(AllocCount() - c0, 2);
+  delete probe;
   std::filesystem::remove(path);
 }
 
 }  // namespace
 }  // namespace mr
+
+// Counting replacements of the global allocation functions for this test binary (the
+// allocation test above reads the count; everything else is unaffected).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(size_t n) {
+  mr::g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) {
+  mr::g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }

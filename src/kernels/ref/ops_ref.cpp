@@ -1,5 +1,6 @@
 #include "kernels/ref/ops_ref.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/half.h"
@@ -9,52 +10,127 @@ namespace mr::ref {
 void MatmulQ8(const QMatrix& w, const float* x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
   const int64_t groups = w.groups();
   for (int64_t o = o_begin; o < o_end; ++o) {
-    const int8_t* q = w.row_q(o);
-    const uint16_t* s = w.row_scales(o);
     for (int64_t r = 0; r < n_rows; ++r) {
       const float* xr = x + r * w.cols;
       float acc = 0;
       for (int64_t g = 0; g < groups; ++g) {
         float part = 0;
-        for (int i = 0; i < kQ8Group; ++i) part += static_cast<float>(q[g * kQ8Group + i]) * xr[g * kQ8Group + i];
-        acc += part * Bf16ToF32(s[g]);
+        for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) part += static_cast<float>(w.q[w.q_index(o, i)]) * xr[i];
+        acc += part * Bf16ToF32(w.scales[w.scale_index(o, g)]);
       }
       y[r * ldy + o] = acc;
     }
   }
 }
 
+namespace {
+
+float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) {
+  float acc = 0;
+  for (int64_t g = 0; g < w.groups(); ++g) {
+    const float sw = Bf16ToF32(w.scales[w.scale_index(o, g)]);
+    for (int64_t a = 2 * g; a < 2 * g + 2; ++a) {  // the two activation groups of this weight group
+      int32_t dot = 0;
+      for (int64_t i = a * kActGroup; i < (a + 1) * kActGroup; ++i) dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
+      acc += static_cast<float>(dot) * (sw * xsr[a]);
+    }
+  }
+  return acc;
+}
+
+}  // namespace
+
 void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end) {
-  const int64_t groups = w.groups();
   for (int64_t o = o_begin; o < o_end; ++o) {
-    const int8_t* q = w.row_q(o);
-    const uint16_t* s = w.row_scales(o);
+    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotQ8Int(w, o, xq + r * w.cols, xs + r * (w.cols / kActGroup));
+  }
+}
+
+void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
+                    float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
+  for (int64_t o = o_begin; o < o_end; ++o) {
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int8_t* xr = xq + r * w.cols;
-      float acc = 0;
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t dot = 0;
-        for (int i = 0; i < kQ8Group; ++i) dot += int32_t{q[g * kQ8Group + i]} * int32_t{xr[g * kQ8Group + i]};
-        acc += static_cast<float>(dot) * (Bf16ToF32(s[g]) * xs[r * groups + g]);
-      }
-      y[r * ldy + o] = acc;
+      const float g = DotQ8Int(gate, o, xq + r * gate.cols, xs + r * (gate.cols / kActGroup));
+      const float u = DotQ8Int(up, o, xq + r * up.cols, xs + r * (up.cols / kActGroup));
+      y[r * ldy + o] = (act == GluAct::kSilu ? Silu(g) : GeluTanh(g)) * u;
     }
+  }
+}
+
+void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
+                   int64_t t_begin, int64_t t_end) {
+  MatmulQ8Int(w, xq, xs, n_rows, y, ldy, t_begin * kQ8Tile, std::min(w.rows, t_end * kQ8Tile));
+}
+
+void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
+                      float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulQ8IntGlu(gate, up, xq, xs, n_rows, act, y, ldy, t_begin * kQ8Tile, std::min(gate.rows, t_end * kQ8Tile));
+}
+
+void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
+                  int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch) {
+  float* s = scratch;               // (n_q, kAttnBlock) scores, then probabilities
+  float* row = s + n_q * kAttnBlock;  // (hd) one K or V row in FP32
+  float* m = row + 2 * hd;           // (n_q) running max
+  float* l = m + n_q;                // (n_q) running sum of exp
+  for (int64_t h = 0; h < n_q; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0;
+    for (int64_t i = 0; i < hd; ++i) out[h * hd + i] = 0;
+  }
+  for (int64_t b0 = j_begin; b0 < j_end; b0 += kAttnBlock) {
+    const int64_t nb = std::min(kAttnBlock, j_end - b0);
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const uint16_t* kr = k + (b0 + jj) * kv_stride;
+      for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(kr[i]);
+      for (int64_t h = 0; h < n_q; ++h) {
+        float dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * row[i];
+        s[h * kAttnBlock + jj] = dot * scale;
+      }
+    }
+    for (int64_t h = 0; h < n_q; ++h) {
+      float bm = m[h];
+      for (int64_t jj = 0; jj < nb; ++jj) bm = std::fmax(bm, s[h * kAttnBlock + jj]);
+      const float corr = std::exp(m[h] - bm);  // exp(-inf) = 0 on the first block
+      m[h] = bm;
+      float sum = 0;
+      for (int64_t jj = 0; jj < nb; ++jj) {
+        const float p = std::exp(s[h * kAttnBlock + jj] - bm);
+        s[h * kAttnBlock + jj] = p;
+        sum += p;
+      }
+      l[h] = l[h] * corr + sum;
+      for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= corr;
+    }
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const uint16_t* vr = v + (b0 + jj) * kv_stride;
+      for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(vr[i]);
+      for (int64_t h = 0; h < n_q; ++h) {
+        const float p = s[h * kAttnBlock + jj];
+        for (int64_t i = 0; i < hd; ++i) out[h * hd + i] += p * row[i];
+      }
+    }
+  }
+  for (int64_t h = 0; h < n_q; ++h) {
+    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= inv;
   }
 }
 
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales) {
-  const int64_t groups = cols / kQ8Group;
+  const int64_t groups = cols / kActGroup;
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + r * cols + g * kQ8Group;
+      const float* src = x + r * cols + g * kActGroup;
       float amax = 0;
-      for (int i = 0; i < kQ8Group; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+      for (int i = 0; i < kActGroup; ++i) amax = std::fmax(amax, std::fabs(src[i]));
       const float scale = amax / 127.0f;
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
       scales[r * groups + g] = scale;
-      for (int i = 0; i < kQ8Group; ++i) {
-        q[r * cols + g * kQ8Group + i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+      for (int i = 0; i < kActGroup; ++i) {
+        q[r * cols + g * kActGroup + i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
       }
     }
   }

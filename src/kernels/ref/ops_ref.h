@@ -4,16 +4,29 @@
 
 #include <cstdint>
 
+#include "kernels/ops.h"
 #include "kernels/q8.h"
 
 namespace mr::ref {
 
+// Matrices in either storage order (q8.h).
 // y[r*ldy + o] = sum_i deq(w)[o][i] * x[r*cols + i] for o in [o_begin, o_end). FP32 activations.
 void MatmulQ8(const QMatrix& w, const float* x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 // Same on int8-quantized activations (reference for the integer kernels).
 void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end);
-// Per row, per 64-group symmetric int8 quantization: scale = amax/127, q = round(x/scale).
+// act(gate·x) * (up·x) per output (the fused GLU of the FFN), int8 activations.
+void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
+                    float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+// The scalar KernelTable entries: the two above over output tiles [t_begin, t_end) (ops.h).
+void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
+                   int64_t t_begin, int64_t t_end);
+void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
+                      float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+// KernelTable::attention (ops.h), scalar.
+void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
+                  int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
+// Per row, per 32-group (kActGroup) symmetric int8 quantization: scale = amax/127, q = round(x/scale).
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 
 // out = x / rms(x) * w over n elements (out may alias x).

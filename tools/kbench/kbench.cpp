@@ -1,0 +1,111 @@
+// Kernel-level timing of the forward pass, for before/after comparisons (not a test, asserts
+// nothing): loads a GGUF once, then times
+//   decode : 1-row Forward steps after a prompt (tok/s),
+//   verify : n-row Forward steps (n = 1, 2, 4, 8) with all_logits, rolled back after each so
+//            every step runs at the same position; reported as cost relative to n = 1,
+//   prefill: one Forward over `prefill` tokens (tok/s).
+// Each measurement is the median of `reps` repetitions, interleaved across kinds.
+// Usage: mererun_kbench MODEL.gguf [threads=2] [reps=5] [prefill=512]
+// Prints a table to stderr and one JSON object to stdout.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+using Clock = std::chrono::steady_clock;
+
+// CPU seconds used by this process (all threads): on a shared machine this tracks the work
+// done, where wall time also counts the time other processes held the cores.
+static double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODEL.gguf [threads=2] [reps=5] [prefill=512]\n", argv[0]);
+    return 2;
+  }
+  const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
+  const int reps = argc > 3 ? std::atoi(argv[3]) : 5;
+  const int prefill = argc > 4 ? std::atoi(argv[4]) : 512;
+  mr::LoadOptions o;
+  o.n_threads = threads;
+  auto loaded = mr::Model::Load(argv[1], o);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "load failed: %s\n", loaded.status().message().c_str());
+    return 1;
+  }
+  mr::Model& m = *loaded.value();
+  const int64_t V = m.config().n_vocab;
+  const int64_t n_ctx = std::max(prefill, 256) + 16;
+  mr::KvCache kv = m.NewKvCache(n_ctx);
+  std::vector<mr::TokenId> toks(n_ctx);
+  for (int64_t i = 0; i < n_ctx; ++i) toks[i] = static_cast<mr::TokenId>((i * 7919 + 13) % std::min<int64_t>(V, 20000));
+  std::vector<float> logits(8 * V);
+  // Prompt of 64 tokens, then the steps.
+  const int64_t prompt = 64;
+  if (!m.Forward(kv, toks.data(), prompt, false, logits.data()).ok()) return 1;
+  double cpu_acc = 0;  // CPU seconds of the decode steps
+  auto step = [&](int64_t n, bool all) {
+    const auto t0 = Clock::now();
+    const double c0 = CpuSeconds();
+    if (!m.Forward(kv, toks.data() + kv.n_past, n, all, logits.data()).ok()) std::abort();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    cpu_acc = CpuSeconds() - c0;
+    kv.n_past -= n;  // roll back: same position every time
+    return s;
+  };
+  step(1, false);  // warm-up
+  const int kDecodePerRep = 8;
+  std::vector<double> dec, dec_cpu, v1, v2, v4, v8;
+  for (int r = 0; r < reps; ++r) {
+    double t = 0, c = 0;
+    for (int i = 0; i < kDecodePerRep; ++i) {
+      t += step(1, false);
+      c += cpu_acc;
+    }
+    dec.push_back(t / kDecodePerRep);
+    dec_cpu.push_back(c / kDecodePerRep);
+    v1.push_back(step(1, true));
+    v2.push_back(step(2, true));
+    v4.push_back(step(4, true));
+    v8.push_back(step(8, true));
+  }
+  std::vector<double> pf;
+  if (prefill > 0) {
+    for (int r = 0; r < std::max(1, reps / 2); ++r) {
+      mr::KvCache kv2 = m.NewKvCache(n_ctx);
+      const auto t0 = Clock::now();
+      if (!m.Forward(kv2, toks.data(), prefill, false, logits.data()).ok()) return 1;
+      pf.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  const double d = Median(dec), r1 = Median(v1);
+  const double pft = pf.empty() ? 0 : Median(pf);
+  const double gb = m.weight_bytes() / 1e9;
+  std::fprintf(stderr, "%-10s %10s\n", "decode", "tok/s");
+  std::fprintf(stderr, "%-10s %10.2f  (%.1f ms/token, %.1f GB/s of weights; %.1f ms CPU/token)\n", "", 1.0 / d, d * 1e3,
+               gb / d, Median(dec_cpu) * 1e3);
+  std::fprintf(stderr, "verify cost vs 1 row: 1=%.2f ms, 2=%.2fx, 4=%.2fx, 8=%.2fx\n", r1 * 1e3, Median(v2) / r1,
+               Median(v4) / r1, Median(v8) / r1);
+  if (prefill > 0) std::fprintf(stderr, "prefill %d tokens: %.2f s, %.1f tok/s\n", prefill, pft, prefill / pft);
+  std::printf(
+      "{\"model\":\"%s\",\"threads\":%d,\"decode_tok_s\":%.3f,\"decode_cpu_ms\":%.3f,\"weight_gb\":%.4f,\"verify_ms\":{\"1\":%.3f,\"2\":%.3f,\"4\":%.3f,"
+      "\"8\":%.3f},\"prefill_tokens\":%d,\"prefill_tok_s\":%.3f}\n",
+      argv[1], threads, 1.0 / d, Median(dec_cpu) * 1e3, gb, r1 * 1e3, Median(v2) * 1e3, Median(v4) * 1e3, Median(v8) * 1e3, prefill,
+      pft > 0 ? prefill / pft : 0.0);
+  return 0;
+}
