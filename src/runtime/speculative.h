@@ -154,6 +154,7 @@ class CostController {
   double acceptance(int i) const { return accept_[i - 1]; }
   double forward_cost(int rows) const;  // seconds; interpolated when not measured
   double expected_rate(int k) const;    // tokens per second
+  double draft_cost_per_token() const { return draft_per_token_; }
 
  private:
   int k_max_ = 7;
