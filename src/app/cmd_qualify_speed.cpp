@@ -243,27 +243,30 @@ int CmdQualifySpeed(const Args& args) {
   DrafterSet ref_d, cand_d;
   if (!BuildDrafters(ref, *model, margs.threads, n_ctx, &ref_d) || !BuildDrafters(cand, *model, margs.threads, n_ctx, &cand_d))
     return 1;
-  Generator ref_gen(*model, n_ctx), cand_gen(*model, n_ctx);
+  // One Generator for both configurations: with --keep-cache a workload's prompt is evaluated
+  // once for the whole run. Its cost controller restarts whenever the drafter changes.
+  Generator gen(*model, n_ctx);
 
   SamplingParams sampling = ModelDefaultSampling(*model);
   if (greedy) sampling.temperature = 0.0f;
   const bool seeded = !seed_arg.empty();
   const uint64_t seed0 = seeded ? std::strtoull(seed_arg.c_str(), nullptr, 10) : 0;
 
-  struct Block { const char* role; DecodeConfig* cfg; DrafterSet* d; Generator* gen; };
-  const Block blocks[3] = {{"reference", &ref, &ref_d, &ref_gen}, {"candidate", &cand, &cand_d, &cand_gen},
-                           {"reference", &ref, &ref_d, &ref_gen}};
+  struct Block { const char* role; DecodeConfig* cfg; DrafterSet* d; };
+  const Block blocks[3] = {{"reference", &ref, &ref_d}, {"candidate", &cand, &cand_d}, {"reference", &ref, &ref_d}};
+  Generator* const g = &gen;
   // results[w][b]: kept samples.
   std::vector<std::vector<json>> results(workloads.size(), std::vector<json>(3, json::array()));
   using Clock = std::chrono::steady_clock;
+  CostController cand_controller;
   for (int b = 0; b < 3; ++b) {
     const Block& blk = blocks[b];
-    if (blk.d->drafter != nullptr) {  // start-up warm-up, as the server does
+    if (blk.d->drafter != nullptr && !keep_cache) {  // start-up warm-up, as the server does (it empties the cache)
       SpecParams sp;
       sp.drafter = blk.d->drafter;
       sp.draft_tokens = blk.cfg->k;
       sp.adaptive = blk.cfg->adaptive;
-      auto w = blk.gen->WarmUp(sp);
+      auto w = g->WarmUp(sp);
       if (!w.ok()) { std::fprintf(stderr, "mererun qualify speed: warm-up: %s\n", w.status().message().c_str()); return 1; }
     }
     for (size_t wi = 0; wi < workloads.size(); ++wi) {
@@ -279,9 +282,9 @@ int CmdQualifySpeed(const Args& args) {
           p.spec.draft_tokens = blk.cfg->k;
           p.spec.adaptive = blk.cfg->adaptive;
         }
-        if (!keep_cache) blk.gen->ResetCache();
+        if (!keep_cache) g->ResetCache();
         const auto t0 = Clock::now();
-        auto res = blk.gen->Generate(w.prompt, p, [](TokenId) { return true; });
+        auto res = g->Generate(w.prompt, p, [](TokenId) { return true; });
         const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (!res.ok()) {
           std::fprintf(stderr, "mererun qualify speed: %s: %s\n", w.name.c_str(), res.status().message().c_str());
@@ -304,6 +307,7 @@ int CmdQualifySpeed(const Args& args) {
         results[wi][b].push_back(sample);
       }
     }
+    if (b == 1) cand_controller = g->controller();
   }
 
   // Summaries and verdict.
@@ -374,7 +378,7 @@ int CmdQualifySpeed(const Args& args) {
   // The candidate's cost controller after the run: what it measured and what it would choose.
   json controller = nullptr;
   if (cand_d.drafter != nullptr) {
-    const CostController& c = cand_gen.controller();
+    const CostController& c = cand_controller;
     json fwd = json::array(), acc = json::array(), rate = json::array();
     std::printf("candidate controller: forward ms by rows");
     for (int r = 1; r <= c.k_max() + 1; ++r) {
