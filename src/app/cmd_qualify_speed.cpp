@@ -199,6 +199,7 @@ int CmdQualifySpeed(const Args& args) {
   const double min_gain_pct = std::atof(cli.Get("", "--min-gain", "5").c_str());
   const bool greedy = cli.Flag("--greedy");
   const bool keep_cache = cli.Flag("--keep-cache");
+  const bool show = cli.Flag("--show");  // print each generated text to stderr
   if (!cli.Finish("qualify speed")) return 2;
   if (n_keep < 1) { std::fprintf(stderr, "mererun qualify speed: -n must be >= 1\n"); return 2; }
   DecodeConfig ref, cand;
@@ -284,7 +285,8 @@ int CmdQualifySpeed(const Args& args) {
         }
         if (!keep_cache) g->ResetCache();
         const auto t0 = Clock::now();
-        auto res = g->Generate(w.prompt, p, [](TokenId) { return true; });
+        std::vector<TokenId> out_tokens;
+        auto res = g->Generate(w.prompt, p, [&](TokenId t) { out_tokens.push_back(t); return true; });
         const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (!res.ok()) {
           std::fprintf(stderr, "mererun qualify speed: %s: %s\n", w.name.c_str(), res.status().message().c_str());
@@ -295,6 +297,7 @@ int CmdQualifySpeed(const Args& args) {
         std::fprintf(stderr, "[qualify] %-9s %-10s %s %d: %lld tokens, decode %.2f tok/s, prefill %.2f s%s\n", blk.role,
                      w.name.c_str(), r == 0 ? "warm-up" : "sample", r, (long long)s.generated, tok_s, s.prefill_s,
                      s.drafted > 0 ? (", accepted " + std::to_string(s.accepted) + "/" + std::to_string(s.drafted)).c_str() : "");
+        if (show) std::fprintf(stderr, "%s\n----\n", tok.Decode(out_tokens, false).c_str());
         if (r == 0) continue;
         json sample = {{"decode_tok_s", tok_s},   {"generated", s.generated}, {"decode_s", s.decode_s},
                        {"prefill_s", s.prefill_s}, {"wall_s", wall_s},        {"prompt_tokens", s.prompt_tokens},

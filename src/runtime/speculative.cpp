@@ -136,7 +136,8 @@ Status ModelDrafter::Begin(std::span<const TokenId> prompt) { return CatchUp(pro
 Status ModelDrafter::Propose(std::span<const TokenId> context, int k, const SamplingParams& sampling, Rng& rng,
                              Draft* out) {
   out->Clear();
-  if (k <= 0) return Status::Ok();
+  // A context the draft cache cannot hold gets no draft (the target then decodes plainly).
+  if (k <= 0 || static_cast<int64_t>(context.size()) >= kv_.n_ctx) return Status::Ok();
   MR_RETURN_IF_ERROR(CatchUp(context));
   if (out->q.size() < static_cast<size_t>(k)) out->q.resize(static_cast<size_t>(k));
   sampler_.set_params(sampling);
