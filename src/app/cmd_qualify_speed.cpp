@@ -1,0 +1,430 @@
+// `mererun qualify speed`: the throughput probe. Runs workloads in-process against a reference
+// and a candidate decoding configuration in reference / candidate / reference blocks. Each block
+// runs every workload 1 + N times and drops the first (warm-up). Reports per-block medians of
+// decode tok/s (generated tokens / time of the complete decode loop, excluding load and
+// prefill), prefill and wall time, the pooled reference median, the change in %, and a verdict
+// against a frozen criterion: the candidate median beats both reference-block medians on every
+// workload and gains >= --min-gain % (default 5) over the pooled reference median.
+//
+// A configuration is "key=value,..." with keys draft (0|off|ngram|model:NAME|ngram+model:NAME)
+// and k (auto|auto:KMAX|N); the env-style names MERERUN_DRAFT and MERERUN_DRAFT_TOKENS are
+// accepted for them.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/model_opts.h"
+#include "model/chat_format.h"
+#include "runtime/generator.h"
+#include "runtime/speculative.h"
+
+namespace mr::app {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct DecodeConfig {
+  std::string text;         // as given
+  bool ngram = false;
+  std::string draft_model;  // catalog name or path; "" = none
+  int k = kDefaultDraftTokens;
+  bool adaptive = true;
+  bool speculative() const { return ngram || !draft_model.empty(); }
+  json ToJson() const {
+    return {{"spec", text}, {"ngram", ngram}, {"draft_model", draft_model}, {"k", speculative() ? k : 0},
+            {"adaptive", speculative() && adaptive}};
+  }
+};
+
+bool ParseConfig(const std::string& text, DecodeConfig* c, std::string* err) {
+  c->text = text;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) { *err = "expected key=value, got '" + item + "'"; return false; }
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "draft" || key == "MERERUN_DRAFT") {
+      c->ngram = false;
+      c->draft_model.clear();
+      if (v == "0" || v == "off" || v == "none") continue;
+      std::stringstream parts(v);
+      std::string p;
+      while (std::getline(parts, p, '+')) {
+        if (p == "ngram") c->ngram = true;
+        else if (p.rfind("model:", 0) == 0 && p.size() > 6) c->draft_model = p.substr(6);
+        else { *err = "unknown drafter '" + p + "' (ngram, model:NAME)"; return false; }
+      }
+    } else if (key == "k" || key == "MERERUN_DRAFT_TOKENS") {
+      if (v == "auto") { c->adaptive = true; c->k = kDefaultDraftTokens; }
+      else if (v.rfind("auto:", 0) == 0) { c->adaptive = true; c->k = std::atoi(v.c_str() + 5); }
+      else { c->adaptive = false; c->k = std::atoi(v.c_str()); }
+      if (c->k < 1 || c->k > CostController::kMaxK) {
+        *err = "k must be 1.." + std::to_string(CostController::kMaxK) + ", got '" + v + "'";
+        return false;
+      }
+    } else {
+      *err = "unknown key '" + key + "' (draft, k)";
+      return false;
+    }
+  }
+  return true;
+}
+
+// A configuration's drafters, owned.
+struct DrafterSet {
+  NgramDrafter ngram;
+  std::unique_ptr<Model> draft_model;
+  std::unique_ptr<ModelDrafter> model_drafter;
+  std::unique_ptr<ChainDrafter> chain;
+  Drafter* drafter = nullptr;
+};
+
+bool BuildDrafters(const DecodeConfig& c, const Model& target, int threads, int64_t n_ctx, DrafterSet* d) {
+  if (!c.draft_model.empty()) {
+    ModelArgs a;
+    a.model = c.draft_model;
+    a.threads = threads;
+    d->draft_model = LoadModelOrReport("qualify speed", a);
+    if (!d->draft_model) return false;
+    auto md = ModelDrafter::Create(target, *d->draft_model, n_ctx);
+    if (!md.ok()) {
+      std::fprintf(stderr, "mererun qualify speed: %s\n", md.status().message().c_str());
+      return false;
+    }
+    d->model_drafter = std::move(md).value();
+  }
+  if (c.ngram && d->model_drafter) {
+    d->chain = std::make_unique<ChainDrafter>(std::vector<Drafter*>{&d->ngram, d->model_drafter.get()});
+    d->drafter = d->chain.get();
+  } else if (c.ngram) {
+    d->drafter = &d->ngram;
+  } else {
+    d->drafter = d->model_drafter.get();
+  }
+  return true;
+}
+
+struct Workload {
+  std::string name, file;
+  std::string text;  // user message
+  int64_t max_tokens = 512;
+  std::vector<TokenId> prompt;
+};
+
+bool LoadWorkload(const fs::path& path, Workload* w, std::string* err) {
+  std::ifstream in(path);
+  if (!in) { *err = "cannot read " + path.string(); return false; }
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) { *err = path.string() + ": not a JSON object"; return false; }
+  w->file = path.string();
+  w->name = j.value("name", path.stem().string());
+  w->max_tokens = j.value("max_tokens", 512);
+  if (j.contains("prompt")) {
+    w->text = j.value("prompt", "");
+  } else {
+    const fs::path f = path.parent_path() / j.value("prompt_file", "");
+    std::ifstream fin(f, std::ios::binary);
+    if (!fin) { *err = path.string() + ": cannot read prompt_file " + f.string(); return false; }
+    std::stringstream body;
+    body << fin.rdbuf();
+    w->text = j.value("prompt_before", "") + body.str() + j.value("prompt_after", "");
+  }
+  if (w->text.empty()) { *err = path.string() + ": empty prompt"; return false; }
+  return true;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Shell(const char* cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd, "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+fs::path DefaultWorkloadDir() {
+  // <repo>/bench/workloads next to build/bin/mererun, else relative to the working directory.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path p = exe.parent_path().parent_path().parent_path() / "bench" / "workloads";
+    if (fs::is_directory(p, ec)) return p;
+  }
+  return "bench/workloads";
+}
+
+}  // namespace
+
+int CmdQualifySpeed(const Args& args) {
+  CliArgs cli(args);
+  ModelArgs margs = ParseModelArgs(cli);
+  const std::string ref_text = cli.Get("", "--reference", "draft=0");
+  const std::string cand_text = cli.Get("", "--candidate", "draft=ngram,k=auto");
+  const std::string wl_arg = cli.Get("-w", "--workloads", "short,long,code_edit,prose");
+  const std::string wl_dir_arg = cli.Get("", "--workload-dir", "");
+  const int n_keep = std::atoi(cli.Get("-n", "--n", "3").c_str());
+  const int64_t max_tokens_arg = std::atoll(cli.Get("", "--max-tokens", "0").c_str());
+  const std::string seed_arg = cli.Get("", "--seed", "");
+  const std::string json_out = cli.Get("", "--json", "");
+  const double min_gain_pct = std::atof(cli.Get("", "--min-gain", "5").c_str());
+  const bool greedy = cli.Flag("--greedy");
+  const bool keep_cache = cli.Flag("--keep-cache");
+  const bool show = cli.Flag("--show");  // print each generated text to stderr
+  if (!cli.Finish("qualify speed")) return 2;
+  if (n_keep < 1) { std::fprintf(stderr, "mererun qualify speed: -n must be >= 1\n"); return 2; }
+  DecodeConfig ref, cand;
+  std::string err;
+  if (!ParseConfig(ref_text, &ref, &err) || !ParseConfig(cand_text, &cand, &err)) {
+    std::fprintf(stderr, "mererun qualify speed: bad configuration: %s\n", err.c_str());
+    return 2;
+  }
+
+  // Workloads: names under the workload directory, or paths to .json files.
+  const fs::path wl_dir = wl_dir_arg.empty() ? DefaultWorkloadDir() : fs::path(wl_dir_arg);
+  std::vector<Workload> workloads;
+  {
+    std::stringstream ss(wl_arg);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.empty()) continue;
+      fs::path p = item.find(".json") != std::string::npos ? fs::path(item) : wl_dir / (item + ".json");
+      Workload w;
+      if (!LoadWorkload(p, &w, &err)) { std::fprintf(stderr, "mererun qualify speed: workload: %s\n", err.c_str()); return 2; }
+      workloads.push_back(std::move(w));
+    }
+  }
+  if (workloads.empty()) { std::fprintf(stderr, "mererun qualify speed: no workloads\n"); return 2; }
+
+  auto model = LoadModelOrReport("qualify speed", margs);
+  if (!model) return 1;
+  const Tokenizer& tok = model->tokenizer();
+  const ChatFamily family = DetectChatFamily(model->file());
+  int64_t n_ctx = 0;
+  for (Workload& w : workloads) {
+    if (max_tokens_arg > 0) w.max_tokens = max_tokens_arg;
+    const std::string text = family == ChatFamily::kNone ? w.text : RenderChat(family, model->file(), {{"user", w.text}});
+    w.prompt = tok.Encode(text, true, family != ChatFamily::kNone);
+    n_ctx = std::max<int64_t>(n_ctx, static_cast<int64_t>(w.prompt.size()) + w.max_tokens + 8);
+  }
+  if (n_ctx > model->config().n_ctx_train) {
+    std::fprintf(stderr, "mererun qualify speed: workloads need %lld context, the model has %lld\n", (long long)n_ctx,
+                 (long long)model->config().n_ctx_train);
+    return 1;
+  }
+  DrafterSet ref_d, cand_d;
+  if (!BuildDrafters(ref, *model, margs.threads, n_ctx, &ref_d) || !BuildDrafters(cand, *model, margs.threads, n_ctx, &cand_d))
+    return 1;
+  // One Generator for both configurations: with --keep-cache a workload's prompt is evaluated
+  // once for the whole run. Its cost controller restarts whenever the drafter changes.
+  Generator gen(*model, n_ctx);
+
+  SamplingParams sampling = ModelDefaultSampling(*model);
+  if (greedy) sampling.temperature = 0.0f;
+  const bool seeded = !seed_arg.empty();
+  const uint64_t seed0 = seeded ? std::strtoull(seed_arg.c_str(), nullptr, 10) : 0;
+
+  struct Block { const char* role; DecodeConfig* cfg; DrafterSet* d; };
+  const Block blocks[3] = {{"reference", &ref, &ref_d}, {"candidate", &cand, &cand_d}, {"reference", &ref, &ref_d}};
+  Generator* const g = &gen;
+  // results[w][b]: kept samples.
+  std::vector<std::vector<json>> results(workloads.size(), std::vector<json>(3, json::array()));
+  using Clock = std::chrono::steady_clock;
+  CostController cand_controller;
+  for (int b = 0; b < 3; ++b) {
+    const Block& blk = blocks[b];
+    if (blk.d->drafter != nullptr && !keep_cache) {  // start-up warm-up, as the server does (it empties the cache)
+      SpecParams sp;
+      sp.drafter = blk.d->drafter;
+      sp.draft_tokens = blk.cfg->k;
+      sp.adaptive = blk.cfg->adaptive;
+      auto w = g->WarmUp(sp);
+      if (!w.ok()) { std::fprintf(stderr, "mererun qualify speed: warm-up: %s\n", w.status().message().c_str()); return 1; }
+    }
+    for (size_t wi = 0; wi < workloads.size(); ++wi) {
+      const Workload& w = workloads[wi];
+      for (int r = 0; r <= n_keep; ++r) {
+        GenerateParams p;
+        p.sampling = sampling;
+        p.max_tokens = w.max_tokens;
+        p.seeded = seeded;
+        p.seed = seed0 + static_cast<uint64_t>(wi * 1000 + r);  // same seeds in every block
+        if (blk.d->drafter != nullptr) {
+          p.spec.drafter = blk.d->drafter;
+          p.spec.draft_tokens = blk.cfg->k;
+          p.spec.adaptive = blk.cfg->adaptive;
+        }
+        if (!keep_cache) g->ResetCache();
+        const auto t0 = Clock::now();
+        std::vector<TokenId> out_tokens;
+        auto res = g->Generate(w.prompt, p, [&](TokenId t) { out_tokens.push_back(t); return true; });
+        const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (!res.ok()) {
+          std::fprintf(stderr, "mererun qualify speed: %s: %s\n", w.name.c_str(), res.status().message().c_str());
+          return 1;
+        }
+        const GenerateStats& s = *res;
+        const double tok_s = s.decode_s > 0 ? s.generated / s.decode_s : 0.0;
+        std::fprintf(stderr, "[qualify] %-9s %-10s %s %d: %lld tokens, decode %.2f tok/s, prefill %.2f s%s\n", blk.role,
+                     w.name.c_str(), r == 0 ? "warm-up" : "sample", r, (long long)s.generated, tok_s, s.prefill_s,
+                     s.drafted > 0 ? (", accepted " + std::to_string(s.accepted) + "/" + std::to_string(s.drafted)).c_str() : "");
+        if (show) std::fprintf(stderr, "%s\n----\n", tok.Decode(out_tokens, false).c_str());
+        if (r == 0) continue;
+        json sample = {{"decode_tok_s", tok_s},   {"generated", s.generated}, {"decode_s", s.decode_s},
+                       {"prefill_s", s.prefill_s}, {"wall_s", wall_s},        {"prompt_tokens", s.prompt_tokens},
+                       {"reused_tokens", s.reused_tokens}, {"stop", StopCauseName(s.stop)}};
+        if (blk.d->drafter != nullptr) {
+          sample["spec"] = {{"spec_steps", s.spec_steps}, {"plain_steps", s.plain_steps}, {"drafted", s.drafted},
+                            {"accepted", s.accepted},     {"draft_s", s.draft_s},         {"proposed_at", s.proposed_at},
+                            {"accepted_at", s.accepted_at}};
+        }
+        results[wi][b].push_back(sample);
+      }
+    }
+    if (b == 1) cand_controller = g->controller();
+  }
+
+  // Summaries and verdict.
+  auto medians = [](const json& samples, const char* key) {
+    std::vector<double> v;
+    for (const json& s : samples) v.push_back(s[key].get<double>());
+    return Median(v);
+  };
+  json out_workloads = json::array();
+  bool all_pass = true;
+  std::printf("\n%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s %s\n", "workload", "prompt", "ref1", "cand", "ref2",
+              "ref pool", "change", "prefill", "prefill", "accepted", "verdict");
+  std::printf("%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s\n", "", "tokens", "tok/s", "tok/s", "tok/s", "tok/s", "%",
+              "ref s", "cand s", "per position");
+  for (size_t wi = 0; wi < workloads.size(); ++wi) {
+    const auto& r = results[wi];
+    const double m1 = medians(r[0], "decode_tok_s"), mc = medians(r[1], "decode_tok_s"), m2 = medians(r[2], "decode_tok_s");
+    json pooled_samples = r[0];
+    for (const json& s : r[2]) pooled_samples.push_back(s);
+    const double pooled = medians(pooled_samples, "decode_tok_s");
+    const double change = pooled > 0 ? 100.0 * (mc / pooled - 1.0) : 0.0;
+    const bool pass = mc > m1 && mc > m2 && change >= min_gain_pct;
+    all_pass &= pass;
+    // Candidate acceptance per draft position, pooled over its samples.
+    std::vector<int64_t> prop, acc;
+    for (const json& s : r[1]) {
+      if (!s.contains("spec")) continue;
+      const auto pa = s["spec"]["proposed_at"].get<std::vector<int64_t>>();
+      const auto aa = s["spec"]["accepted_at"].get<std::vector<int64_t>>();
+      prop.resize(std::max(prop.size(), pa.size()));
+      acc.resize(prop.size());
+      for (size_t i = 0; i < pa.size(); ++i) prop[i] += pa[i], acc[i] += aa[i];
+    }
+    std::vector<double> rate;
+    std::string rate_text;
+    for (size_t i = 0; i < prop.size(); ++i) {
+      if (prop[i] == 0) break;  // never reached
+      rate.push_back(double(acc[i]) / prop[i]);
+      char b[16];
+      std::snprintf(b, sizeof b, "%s%.2f", i ? " " : "", rate.back());
+      rate_text += b;
+    }
+    std::printf("%-10s %7zu | %9.2f %9.2f %9.2f | %9.2f %+7.1f%% | %8.2f %8.2f | %-14s %s\n", workloads[wi].name.c_str(),
+                workloads[wi].prompt.size(), m1, mc, m2, pooled, change, medians(r[0], "prefill_s"), medians(r[1], "prefill_s"),
+                rate_text.empty() ? "-" : rate_text.c_str(), pass ? "pass" : "FAIL");
+    json blocks_json = json::array();
+    for (int b = 0; b < 3; ++b)
+      blocks_json.push_back({{"role", blocks[b].role},
+                             {"samples", r[b]},
+                             {"median_decode_tok_s", medians(r[b], "decode_tok_s")},
+                             {"median_prefill_s", medians(r[b], "prefill_s")},
+                             {"median_wall_s", medians(r[b], "wall_s")}});
+    out_workloads.push_back({{"name", workloads[wi].name},
+                             {"file", workloads[wi].file},
+                             {"prompt_tokens", workloads[wi].prompt.size()},
+                             {"max_tokens", workloads[wi].max_tokens},
+                             {"blocks", blocks_json},
+                             {"pooled_reference_median_tok_s", pooled},
+                             {"candidate_median_tok_s", mc},
+                             {"change_pct", change},
+                             {"candidate_acceptance_per_position", rate},
+                             {"pass", pass}});
+  }
+  std::printf("verdict: %s (criterion: candidate beats both reference-block medians on every workload and gains >= %.1f%% "
+              "over the pooled reference median)\n",
+              all_pass ? "PASS" : "FAIL", min_gain_pct);
+
+  // The candidate's cost controller after the run: what it measured and what it would choose.
+  json controller = nullptr;
+  if (cand_d.drafter != nullptr) {
+    const CostController& c = cand_controller;
+    json fwd = json::array(), acc = json::array(), rate = json::array();
+    std::printf("candidate controller: forward ms by rows");
+    for (int r = 1; r <= c.k_max() + 1; ++r) {
+      fwd.push_back(1e3 * c.forward_cost(r));
+      std::printf(" %d:%.1f", r, 1e3 * c.forward_cost(r));
+    }
+    std::printf("; draft ms/token %.2f; acceptance", 1e3 * c.draft_cost_per_token());
+    for (int i = 1; i <= c.k_max(); ++i) {
+      acc.push_back(c.acceptance(i));
+      std::printf(" %.2f", c.acceptance(i));
+    }
+    for (int k = 0; k <= c.k_max(); ++k) rate.push_back(c.expected_rate(k));
+    std::printf("\n");
+    controller = {{"forward_ms_by_rows", fwd}, {"draft_ms_per_token", 1e3 * c.draft_cost_per_token()},
+                  {"acceptance_ema", acc}, {"expected_tok_s_by_k", rate}};
+  }
+  json env = json::object();
+  for (const char* name : {"MERERUN_THREADS", "MERERUN_CPU", "MERERUN_DRAFT_TOKENS", "MERERUN_PATH", "MERERUN_LOG", "OMP_NUM_THREADS"})
+    if (const char* v = std::getenv(name)) env[name] = v;
+  json report = {{"tool", "mererun qualify speed"},
+                 {"commit", Shell("git rev-parse HEAD 2>/dev/null")},
+                 {"dirty", !Shell("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
+                 {"cpu", CpuName()},
+                 {"cpu_variant", CpuVariantName(model->cpu_variant())},
+                 {"threads", model->n_threads()},
+                 {"model", margs.model},
+                 {"env", env},
+                 {"sampling", {{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p},
+                               {"min_p", sampling.min_p}, {"seeded", seeded}, {"seed", seed0}}},
+                 {"n_per_block", n_keep},
+                 {"keep_cache", keep_cache},
+                 {"reference", ref.ToJson()},
+                 {"candidate", cand.ToJson()},
+                 {"criterion", {{"min_gain_pct", min_gain_pct}, {"beats_both_reference_blocks", true}}},
+                 {"workloads", out_workloads},
+                 {"candidate_controller", controller},
+                 {"verdict", all_pass ? "pass" : "fail"}};
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << report.dump(2) << "\n";
+    if (!f) { std::fprintf(stderr, "mererun qualify speed: cannot write %s\n", json_out.c_str()); return 1; }
+  }
+  return 0;
+}
+
+}  // namespace mr::app

@@ -1,0 +1,408 @@
+// Speculative decoding: the acceptance rule against exact joint distributions recorded from the
+// real SmolLM2 model (chi-square over 200,000 draws, and the same test failing for deliberately
+// wrong rules), drafters, the cost controller, and greedy bit-identity of the Generator with
+// every drafter and k on real models (the Qwen draft-model pair when pulled).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "model/test_models.h"
+#include "runtime/generator.h"
+#include "runtime/speculative.h"
+
+namespace mr {
+namespace {
+
+// ---- The rule on hand-made distributions ----
+
+std::vector<Candidate> Dist(std::initializer_list<Candidate> c) { return c; }
+
+TEST(VerifyDraft, GreedyAcceptsWhileDraftIsTheArgmax) {
+  // p one-hot per position (greedy): 5, 7, 9, then bonus 11.
+  std::vector<std::vector<Candidate>> p = {Dist({{5, 1}}), Dist({{7, 1}}), Dist({{9, 1}}), Dist({{11, 1}})};
+  auto fn = [&](int i) -> const std::vector<Candidate>& { return p[i]; };
+  Rng rng(1);
+  VerifyScratch s;
+  std::vector<TokenId> d = {5, 7, 8};
+  VerifyOutcome v = VerifyDraft(d, {}, fn, rng, &s);
+  EXPECT_EQ(v.accepted, 2);
+  EXPECT_EQ(v.next, 9);  // the correction is the argmax
+  d = {5, 7, 9};
+  v = VerifyDraft(d, {}, fn, rng, &s);
+  EXPECT_EQ(v.accepted, 3);
+  EXPECT_EQ(v.next, 11);  // bonus
+  d = {4};
+  v = VerifyDraft(d, {}, fn, rng, &s);
+  EXPECT_EQ(v.accepted, 0);
+  EXPECT_EQ(v.next, 5);
+}
+
+TEST(VerifyDraft, RejectedDeterministicDraftIsNeverResampled) {
+  std::vector<std::vector<Candidate>> p = {Dist({{1, 0.5f}, {2, 0.3f}, {3, 0.2f}}), Dist({{4, 1}})};
+  auto fn = [&](int i) -> const std::vector<Candidate>& { return p[i]; };
+  Rng rng(3);
+  VerifyScratch s;
+  std::vector<TokenId> d = {1};
+  int accepted = 0, n = 20000;
+  for (int i = 0; i < n; ++i) {
+    VerifyOutcome v = VerifyDraft(d, {}, fn, rng, &s);
+    if (v.accepted == 1) { ++accepted; EXPECT_EQ(v.next, 4); }
+    else EXPECT_NE(v.next, 1);
+  }
+  EXPECT_NEAR(accepted / double(n), 0.5, 0.02);
+}
+
+// ---- Distribution test on recorded real-model distributions ----
+
+// Chi-square critical value at upper tail z (3.09 ~ 0.001) by Wilson–Hilferty.
+double ChiSquareCritical(int df, double z = 3.09) {
+  const double a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+class RecordedDists : public ::testing::Test {
+ protected:
+  // p: T 0.8, top-k 10, top-p 0.95. q (the "draft"): T 1.5, top-k 6 — flatter, and missing
+  // p's tokens 7..10 while possibly holding tokens p cut: every branch of the rule runs.
+  static constexpr SamplingParams kP = {0.8f, 10, 0.95f, 0.0f};
+  static constexpr SamplingParams kQ = {1.5f, 6, 1.0f, 0.0f};
+
+  static void SetUpTestSuite() {
+    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (path.empty()) return;
+    LoadOptions opts;
+    opts.n_threads = 2;
+    auto m = Model::Load(path, opts);
+    ASSERT_TRUE(m.ok());
+    Model& model = *m.value();
+    const int64_t nv = model.config().n_vocab;
+    const auto ctx = model.tokenizer().Encode("My favourite animal is the", true, false);
+    KvCache kv = model.NewKvCache(64);
+    std::vector<float> logits(nv);
+    ASSERT_TRUE(model.Forward(kv, ctx.data(), static_cast<int64_t>(ctx.size()), false, logits.data()).ok());
+    Sampler sp(kP), sq(kQ);
+    sp.Distribution(logits.data(), nv, &p0_);
+    sq.Distribution(logits.data(), nv, &q0_);
+    // Second-position distributions for every first token either side can produce.
+    std::vector<TokenId> firsts;
+    for (const Candidate& c : p0_) firsts.push_back(c.id);
+    for (const Candidate& c : q0_) firsts.push_back(c.id);
+    const int64_t base = kv.n_past;
+    for (TokenId x : firsts) {
+      if (p1_.count(x)) continue;
+      kv.n_past = base;
+      ASSERT_TRUE(model.Forward(kv, &x, 1, false, logits.data()).ok());
+      sp.Distribution(logits.data(), nv, &p1_[x]);
+      sq.Distribution(logits.data(), nv, &q1_[x]);
+    }
+    ready_ = true;
+  }
+  void SetUp() override {
+    if (!ready_) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
+  }
+
+  enum class Rule { kExact, kResampleFromP, kUntruncatedTarget };
+
+  // Chi-square of the joint of the next two tokens, speculative (k = 2 drafts from q, or the
+  // deterministic drafts `fixed`) against the exact p0(x1)·p1(x2|x1). Returns (statistic, df).
+  std::pair<double, int> JointChiSquare(int n_draws, Rule rule, const std::vector<TokenId>& fixed, uint64_t seed) {
+    Rng rng(seed);
+    VerifyScratch s;
+    std::map<std::pair<TokenId, TokenId>, int64_t> count;
+    std::vector<std::vector<Candidate>> q(2);
+    std::vector<TokenId> d(2);
+    std::vector<Candidate> resample_p;
+    for (int n = 0; n < n_draws; ++n) {
+      const bool sampled = fixed.empty();
+      if (sampled) {
+        q[0] = q0_;
+        d[0] = Sampler::Draw(q[0], rng);
+        q[1] = q1_.at(d[0]);
+        d[1] = Sampler::Draw(q[1], rng);
+      } else {
+        d = fixed;
+      }
+      auto p = [&](int i) -> const std::vector<Candidate>& {
+        const std::vector<Candidate>& t = i == 0 ? p0_ : i == 1 ? p1_.at(d[0]) : p0_;  // i == 2: bonus, unscored
+        if (rule != Rule::kUntruncatedTarget) return t;
+        // Wrong: ignore truncation — p is the tempered softmax over what q holds plus p's set.
+        resample_p = t;
+        for (const Candidate& c : (i == 0 ? q0_ : q1_.count(d[0]) ? q1_.at(d[0]) : q0_))
+          if (ProbOf(resample_p, c.id) == 0.0f) resample_p.push_back({c.id, 0.05f});
+        return resample_p;
+      };
+      VerifyOutcome v = VerifyDraft(d, sampled ? std::span<const std::vector<Candidate>>(q) : std::span<const std::vector<Candidate>>(),
+                                    p, rng, &s);
+      if (rule == Rule::kResampleFromP && v.accepted < 2) v.next = Sampler::Draw(p(v.accepted), rng);  // wrong residual
+      TokenId x1, x2;
+      if (v.accepted == 0) {
+        x1 = v.next;
+        x2 = Sampler::Draw(p1_.at(x1), rng);  // the following plain step
+      } else {
+        x1 = d[0];
+        x2 = v.accepted == 1 ? v.next : d[1];
+      }
+      ++count[{x1, x2}];
+    }
+    // Expected counts; cells under 5 expected pooled into one.
+    double chi2 = 0, pooled_e = 0;
+    int64_t pooled_o = 0, seen = 0;
+    int cells = 0;
+    for (const Candidate& a : p0_) {
+      for (const Candidate& b : p1_.at(a.id)) {
+        const double e = static_cast<double>(a.p) * b.p * n_draws;
+        auto it = count.find({a.id, b.id});
+        const int64_t o = it == count.end() ? 0 : it->second;
+        seen += o;
+        if (e < 5) { pooled_e += e; pooled_o += o; continue; }
+        chi2 += (o - e) * (o - e) / e;
+        ++cells;
+      }
+    }
+    pooled_o += n_draws - seen;  // pairs the target cannot produce count against the pool
+    if (pooled_e > 0) { chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1.0); ++cells; }
+    return {chi2, cells - 1};
+  }
+
+  static std::vector<Candidate> p0_, q0_;
+  static std::map<TokenId, std::vector<Candidate>> p1_, q1_;
+  static bool ready_;
+};
+std::vector<Candidate> RecordedDists::p0_, RecordedDists::q0_;
+std::map<TokenId, std::vector<Candidate>> RecordedDists::p1_, RecordedDists::q1_;
+bool RecordedDists::ready_ = false;
+
+TEST_F(RecordedDists, SampledDraftsKeepTheJointOfTheNextTwoTokens) {
+  // The recorded distributions really differ, so every branch runs.
+  ASSERT_GE(p0_.size(), 3u);
+  bool q_lacks_p = false, p_lacks_q = false;
+  for (const Candidate& c : p0_) q_lacks_p |= ProbOf(q0_, c.id) == 0.0f;
+  for (const Candidate& c : q0_) p_lacks_q |= ProbOf(p0_, c.id) == 0.0f;
+  EXPECT_TRUE(q_lacks_p || p_lacks_q);
+  const auto [chi2, df] = JointChiSquare(200000, Rule::kExact, {}, 11);
+  EXPECT_LT(chi2, ChiSquareCritical(df)) << "df " << df;
+  std::printf("[spec] sampled drafts: chi2 %.1f, df %d, critical %.1f\n", chi2, df, ChiSquareCritical(df));
+}
+
+TEST_F(RecordedDists, DeterministicDraftsKeepTheJointOfTheNextTwoTokens) {
+  // Drafts: p's second-ranked token, then the most likely follower of it (n-gram-like guesses).
+  const TokenId a = p0_[1].id;
+  const TokenId b = p1_.at(a)[0].id;
+  const auto [chi2, df] = JointChiSquare(200000, Rule::kExact, {a, b}, 12);
+  EXPECT_LT(chi2, ChiSquareCritical(df)) << "df " << df;
+}
+
+TEST_F(RecordedDists, WrongRulesFailTheSameTest) {
+  // Test of the test: resampling from p instead of the residual, or verifying against the
+  // untruncated distribution, must be detected by the statistic above.
+  auto [c1, df1] = JointChiSquare(200000, Rule::kResampleFromP, {}, 11);
+  EXPECT_GT(c1, ChiSquareCritical(df1)) << "resample-from-p not detected";
+  auto [c2, df2] = JointChiSquare(200000, Rule::kUntruncatedTarget, {}, 11);
+  EXPECT_GT(c2, ChiSquareCritical(df2)) << "missing truncation not detected";
+  const TokenId a = p0_[1].id;
+  auto [c3, df3] = JointChiSquare(200000, Rule::kResampleFromP, {a, p1_.at(a)[0].id}, 12);
+  EXPECT_GT(c3, ChiSquareCritical(df3)) << "resample-from-p with deterministic drafts not detected";
+  std::printf("[spec] wrong rules: chi2 %.0f (df %d), %.0f (df %d), %.0f (df %d)\n", c1, df1, c2, df2, c3, df3);
+}
+
+// ---- Drafters and the controller ----
+
+TEST(NgramDrafter, ProposesWhatFollowedTheLatestMatchOfTheLongestSuffix) {
+  NgramDrafter ng(2, 4);
+  Rng rng(1);
+  Draft d;
+  std::vector<TokenId> ctx = {1, 2, 3, 4, 5, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3};
+  // Suffix "1 2 3": the latest earlier match is followed by 7 8 1 ...
+  ASSERT_TRUE(ng.Propose(ctx, 3, {}, rng, &d).ok());
+  EXPECT_EQ(d.tokens, (std::vector<TokenId>{7, 8, 1}));
+  EXPECT_FALSE(d.sampled);
+  ctx = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(ng.Propose(ctx, 3, {}, rng, &d).ok());
+  EXPECT_TRUE(d.tokens.empty());
+  ctx = {5, 6, 7, 5, 6};  // continuation clipped by the context end
+  ASSERT_TRUE(ng.Propose(ctx, 7, {}, rng, &d).ok());
+  EXPECT_EQ(d.tokens, (std::vector<TokenId>{7, 5, 6}));
+}
+
+TEST(CostController, PicksKFromMeasuredCostsFallsBackAndProbes) {
+  CostController c(7, true);
+  EXPECT_EQ(c.Choose(), 7);  // calibrating
+  // Verify of r rows costs 10 + 2(r-1) ms, a plain step 10 ms, drafting free.
+  for (int r = 1; r <= 8; ++r) c.RecordForwardCost(r, 0.010 + 0.002 * (r - 1));
+  for (int i = 0; i < 50; ++i) c.RecordAcceptance(7, 7);  // everything accepted
+  EXPECT_EQ(c.Choose(), 7);
+  // Nothing accepted: plain decoding, with a probe at k_max now and then.
+  for (int i = 0; i < 100; ++i) c.RecordAcceptance(7, 0);
+  int plain = 0, probes = 0;
+  for (int i = 0; i < 64; ++i) (c.Choose() == 0 ? plain : probes)++;
+  EXPECT_GE(plain, 60);
+  EXPECT_GE(probes, 1);
+  // Half accepted per position with expensive rows: a short draft is best.
+  CostController m(7, true);
+  // Position 1 accepted half the time, later ones always. Rows cost 10 + 1(r-1) ms: drafting
+  // pays; at 10 + 6(r-1) ms it does not (1 + k/2 tokens for 10 + 6k ms < 1 token per 10 ms).
+  for (int r = 1; r <= 8; ++r) m.RecordForwardCost(r, 0.010 + 0.001 * (r - 1));
+  for (int i = 0; i < 200; ++i) m.RecordAcceptance(7, i % 2 == 0 ? 0 : 7);
+  EXPECT_NEAR(m.acceptance(1), 0.5, 0.06);
+  const int k = m.Choose();
+  EXPECT_GT(k, 0);
+  EXPECT_GT(m.expected_rate(k), m.expected_rate(0));
+  for (int i = 0; i < 50; ++i)
+    for (int r = 1; r <= 8; ++r) m.RecordForwardCost(r, 0.010 + 0.006 * (r - 1));
+  EXPECT_EQ(m.Choose(), 0);
+  EXPECT_EQ(CostController(3, false).Choose(), 3);  // fixed k
+}
+
+// ---- Generator: greedy speculative output is the plain output ----
+
+class SpecGeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (path.empty()) return;
+    LoadOptions opts;
+    opts.n_threads = 2;
+    auto m = Model::Load(path, opts);
+    ASSERT_TRUE(m.ok());
+    model_ = std::move(m).value().release();
+  }
+  static void TearDownTestSuite() { delete model_; model_ = nullptr; }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
+  }
+  static Model* model_;
+};
+Model* SpecGeneratorTest::model_ = nullptr;
+
+std::vector<TokenId> Collect(Generator& gen, const std::vector<TokenId>& prompt, const GenerateParams& p, GenerateStats* stats = nullptr) {
+  std::vector<TokenId> out;
+  auto r = gen.Generate(prompt, p, [&](TokenId t) { out.push_back(t); return true; });
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  if (r.ok() && stats) *stats = *r;
+  return out;
+}
+
+GenerateParams Greedy(int64_t n, Drafter* d, int k, bool adaptive) {
+  GenerateParams p;
+  p.sampling.temperature = 0.0f;
+  p.max_tokens = n;
+  p.spec.drafter = d;
+  p.spec.draft_tokens = k;
+  p.spec.adaptive = adaptive;
+  return p;
+}
+
+const char* kPrompts[] = {
+    "List the days of the week: Monday, Tuesday,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+};
+
+TEST_F(SpecGeneratorTest, GreedyNgramAndSelfDraftMatchPlainForEveryK) {
+  Generator gen(*model_, 512);
+  NgramDrafter ngram;
+  auto self = ModelDrafter::Create(*model_, *model_, 512);  // same model as its own drafter
+  ASSERT_TRUE(self.ok());
+  ChainDrafter chain({&ngram, self.value().get()});
+  int64_t accepted = 0;
+  for (const char* text : kPrompts) {
+    const auto prompt = model_->tokenizer().Encode(text, true, false);
+    gen.ResetCache();
+    const auto want = Collect(gen, prompt, Greedy(24, nullptr, 0, false));
+    ASSERT_GE(want.size(), 8u) << text;  // may stop early at end-of-generation
+    for (Drafter* d : std::initializer_list<Drafter*>{&ngram, self.value().get(), &chain}) {
+      for (auto [k, adaptive] : {std::pair{3, false}, std::pair{7, false}, std::pair{7, true}}) {
+        // Keep the test short: every k and the controller with n-gram, one k each for the others.
+        if (d != &ngram && (adaptive || (k == 3) != (d == self.value().get()))) continue;
+        gen.ResetCache();
+        GenerateStats st;
+        EXPECT_EQ(Collect(gen, prompt, Greedy(24, d, k, adaptive), &st), want)
+            << d->name() << " k=" << k << (adaptive ? " auto" : "") << " prompt: " << text;
+        accepted += st.accepted;
+        if (d == self.value().get() && !adaptive) {
+          EXPECT_EQ(st.accepted, st.drafted) << "a model agrees with itself";
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 50);
+}
+
+TEST_F(SpecGeneratorTest, CallbackStopMidRunRollsBackTheCache) {
+  const auto prompt = model_->tokenizer().Encode(kPrompts[3], true, false);
+  Generator gen(*model_, 512);
+  auto self = ModelDrafter::Create(*model_, *model_, 512);
+  ASSERT_TRUE(self.ok());
+  const auto want = Collect(gen, prompt, Greedy(30, nullptr, 0, false));
+  ASSERT_GE(want.size(), 12u);
+  gen.ResetCache();
+  // Self-drafting accepts every draft: stopping after 6 tokens lands inside an accepted run.
+  std::vector<TokenId> got;
+  auto r = gen.Generate(prompt, Greedy(30, self.value().get(), 7, false), [&](TokenId t) {
+    got.push_back(t);
+    return got.size() < 6;
+  });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stop, StopCause::kCallback);
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(got, std::vector<TokenId>(want.begin(), want.begin() + 6));
+  // The cache holds the prompt and the emitted tokens but the last one (as a plain step would).
+  std::vector<TokenId> expect_cache = prompt;
+  expect_cache.insert(expect_cache.end(), got.begin(), got.end() - 1);
+  EXPECT_EQ(gen.cached_tokens(), expect_cache);
+  // Continuing from there reuses the cache and still matches the plain output.
+  std::vector<TokenId> longer = prompt;
+  longer.insert(longer.end(), got.begin(), got.end());
+  const auto rest = Collect(gen, longer, Greedy(10, self.value().get(), 3, false));
+  EXPECT_EQ(rest, std::vector<TokenId>(want.begin() + 6, want.begin() + 16));
+  // max_tokens inside an accepted run: exactly max_tokens tokens.
+  gen.ResetCache();
+  EXPECT_EQ(Collect(gen, prompt, Greedy(5, self.value().get(), 7, false)), std::vector<TokenId>(want.begin(), want.begin() + 5));
+}
+
+TEST_F(SpecGeneratorTest, SampledSpeculationRunsAndWarmUpCalibrates) {
+  Generator gen(*model_, 512);
+  NgramDrafter ngram;
+  SpecParams spec;
+  spec.drafter = &ngram;
+  auto w = gen.WarmUp(spec, 24);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_TRUE(gen.cached_tokens().empty());
+  GenerateParams p;
+  p.sampling = {1.0f, 64, 0.95f, 0.0f};
+  p.max_tokens = 40;
+  p.spec = spec;
+  GenerateStats st;
+  const auto out = Collect(gen, model_->tokenizer().Encode(kPrompts[1], true, false), p, &st);
+  EXPECT_EQ(static_cast<int64_t>(out.size()), st.generated);
+  EXPECT_EQ(st.plain_steps + st.spec_steps + 1 >= 1, true);
+  EXPECT_LE(st.accepted, st.drafted);
+}
+
+TEST(SpecQwen, DraftModelGreedyMatchesPlain) {
+  const std::string tpath = FindModelFile("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+  const std::string dpath = FindModelFile("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+  if (tpath.empty() || dpath.empty()) GTEST_SKIP() << "qwen2.5-coder 1.5b / 0.5b not pulled";
+  LoadOptions opts;
+  opts.n_threads = 2;
+  auto target = Model::Load(tpath, opts);
+  auto draft = Model::Load(dpath, opts);
+  ASSERT_TRUE(target.ok() && draft.ok());
+  auto drafter = ModelDrafter::Create(*target.value(), *draft.value(), 256);
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  Generator gen(*target.value(), 256);
+  const auto prompt = target.value()->tokenizer().Encode("def is_prime(n):\n", false, false);
+  const auto want = Collect(gen, prompt, Greedy(12, nullptr, 0, false));
+  for (int k : {3, 7}) {
+    gen.ResetCache();
+    GenerateStats st;
+    EXPECT_EQ(Collect(gen, prompt, Greedy(12, drafter.value().get(), k, false), &st), want) << "k=" << k;
+    EXPECT_GT(st.accepted, 0);
+  }
+}
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,34 @@
+"""Smoke run of `mererun qualify speed`: tiny N, SmolLM2, the short workload, a few tokens.
+Checks the structure of the report (every sample kept, three blocks, configuration, verdict),
+not the speed: performance is measured by the program, never asserted."""
+import json
+
+
+def test_qualify_speed_smoke(run_mererun, model_path, tmp_path):
+    model_path("smollm2-135m-instruct")  # skips when not pulled
+    out = tmp_path / "q.json"
+    r = run_mererun("qualify", "speed", "-m", "smollm2-135m-instruct", "-w", "short", "-n", "1",
+                    "--max-tokens", "8", "--seed", "3", "--reference", "draft=0",
+                    "--candidate", "draft=ngram,k=3", "--json", out, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "verdict:" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["reference"]["k"] == 0 and rep["candidate"] == {
+        "spec": "draft=ngram,k=3", "ngram": True, "draft_model": "", "k": 3, "adaptive": False}
+    assert rep["cpu"] and "commit" in rep and rep["threads"] >= 1
+    (w,) = rep["workloads"]
+    assert w["name"] == "short" and 60 <= w["prompt_tokens"] <= 140
+    assert [b["role"] for b in w["blocks"]] == ["reference", "candidate", "reference"]
+    for b in w["blocks"]:
+        (s,) = b["samples"]  # the warm-up request is dropped, N = 1 kept
+        assert 1 <= s["generated"] <= 8 and s["decode_tok_s"] > 0 and s["prefill_s"] > 0
+    assert "spec" in w["blocks"][1]["samples"][0]
+    assert rep["verdict"] in ("pass", "fail")
+
+
+def test_qualify_speed_rejects_bad_configuration(run_mererun):
+    r = run_mererun("qualify", "speed", "-m", "smollm2-135m-instruct", "--candidate", "draft=magic")
+    assert r.returncode == 2
+    assert "unknown drafter 'magic'" in r.stderr
+    r = run_mererun("qualify", "nonsense")
+    assert r.returncode == 2
