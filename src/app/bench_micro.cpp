@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <time.h>
 
 #include "app/bench_env.h"
 #include "base/half.h"
@@ -47,6 +48,12 @@ struct XorShift {
   float Uniform() { return static_cast<float>(Next() >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f; }
 };
 
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
 MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps) {
@@ -64,19 +71,27 @@ MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps) 
     for (int64_t t = b; t < e; ++t) std::memset(buf.get() + t * part, static_cast<int>(t + 1), static_cast<size_t>(part));
   });
   std::vector<uint64_t> sink(n_threads);
-  std::vector<double> gbps;
+  std::vector<double> gbps, gbps_cpu, cpu_s(n_threads);
   for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up
     const auto t0 = std::chrono::steady_clock::now();
     pool.ParallelFor(n_threads, [&](int64_t b, int64_t e, int) {
-      for (int64_t t = b; t < e; ++t) sink[t] += ReadSum(buf.get() + t * part, part);
+      for (int64_t t = b; t < e; ++t) {
+        const double c0 = ThreadCpuSeconds();
+        sink[t] += ReadSum(buf.get() + t * part, part);
+        cpu_s[t] = ThreadCpuSeconds() - c0;
+      }
     });
     const double s = SecondsSince(t0);
-    if (rep > 0) gbps.push_back(static_cast<double>(buffer_bytes) / s / 1e9);
+    if (rep > 0) {
+      gbps.push_back(static_cast<double>(buffer_bytes) / s / 1e9);
+      gbps_cpu.push_back(static_cast<double>(buffer_bytes) / *std::max_element(cpu_s.begin(), cpu_s.end()) / 1e9);
+    }
   }
   volatile uint64_t keep = 0;
   for (uint64_t v : sink) keep = keep + v;
   r.gbps_median = Median(gbps);
   r.gbps_max = *std::max_element(gbps.begin(), gbps.end());
+  r.gbps_cpu_median = Median(gbps_cpu);
   return r;
 }
 
@@ -106,15 +121,20 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
   ThreadPool pool(n_threads);
   std::vector<MatmulPoint> out;
   for (int n : act_rows) {
-    std::vector<double> ms;
+    std::vector<double> ms, ms_cpu, cpu_s(static_cast<size_t>(n_threads));
     for (int it = 0; it < iters + static_cast<int>(n_copies); ++it) {  // first pass over the copies warms up
       const QMatrix& w = copies[static_cast<size_t>(it % n_copies)];
       const auto t0 = std::chrono::steady_clock::now();
-      pool.ParallelFor(rows, [&](int64_t b, int64_t e, int) {
+      pool.ParallelFor(rows, [&](int64_t b, int64_t e, int thread) {
+        const double c0 = ThreadCpuSeconds();
         kernels.matmul_q8(w, xq.data(), xs.data(), n, y.data(), rows, b, e);
+        cpu_s[static_cast<size_t>(thread)] = ThreadCpuSeconds() - c0;
       });
       const double s = SecondsSince(t0);
-      if (it >= n_copies) ms.push_back(s * 1e3);
+      if (it >= n_copies) {
+        ms.push_back(s * 1e3);
+        ms_cpu.push_back(*std::max_element(cpu_s.begin(), cpu_s.end()) * 1e3);
+      }
     }
     MatmulPoint p;
     p.rows = rows;
@@ -124,6 +144,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
     p.iters = iters;
     p.ms_median = Median(ms);
     p.gbps_median = static_cast<double>(base.bytes()) / (p.ms_median * 1e-3) / 1e9;
+    p.gbps_cpu_median = static_cast<double>(base.bytes()) / (Median(ms_cpu) * 1e-3) / 1e9;
     p.gops_median = 2.0 * static_cast<double>(rows * cols * n) / (p.ms_median * 1e-3) / 1e9;
     out.push_back(p);
   }

@@ -15,6 +15,10 @@ struct MemBandwidth {
   int reps = 0;
   double gbps_median = 0;  // 1e9 bytes/s
   double gbps_max = 0;
+  // Bytes over the slowest thread's CPU time (CLOCK_THREAD_CPUTIME_ID): the bandwidth while the
+  // threads actually run. On a shared, oversubscribed machine wall time includes time spent
+  // descheduled; this does not (on an idle machine the two agree).
+  double gbps_cpu_median = 0;
 };
 
 // Reads a buffer of `buffer_bytes` (>> LLC) end to end `reps` times with n_threads threads, each
@@ -29,6 +33,7 @@ struct MatmulPoint {
   double ms_median = 0;        // one matmul call
   double gbps_median = 0;      // weight bytes (int8 + bf16 scales) / time
   double gops_median = 0;      // 2 * rows * cols * n_act_rows / time, 1e9/s
+  double gbps_cpu_median = 0;  // weight bytes / slowest thread's CPU time (see MemBandwidth)
 };
 
 // Times kernels.matmul_q8 on a random (rows, cols) Q8/g64 matrix for each activation-row count,
