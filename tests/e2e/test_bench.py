@@ -17,10 +17,11 @@ def test_bench_quick_json(run_mererun, model_path, tmp_path):
     bws = j["machine"]["mem_bandwidth"]
     assert [b["threads"] for b in bws] == [1, 2]
     assert all(b["gbps_median"] > 0 and b["gbps_max"] >= b["gbps_median"] for b in bws)
+    assert all(b["gbps_cpu_median"] > 0 and b["gbps_roofline"] >= b["gbps_max"] for b in bws)
     pts = j["machine"]["matmul"]["points"]
     assert {(p["rows"], p["cols"]) for p in pts} == {(8960, 1536), (1536, 8960)}
     assert sorted({p["act_rows"] for p in pts}) == [1, 2, 4, 8]
-    assert all(p["gbps"] > 0 and p["ms"] > 0 for p in pts)
+    assert all(p["gbps"] > 0 and p["gbps_cpu"] > 0 and p["ms"] > 0 for p in pts)
     [m] = j["models"]
     assert m["name"] == "smollm2-135m-instruct" and len(m["sha256"]) == 64
     assert m["weight_bytes"] > 0 and m["llamacpp"] is None
