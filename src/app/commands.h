@@ -16,6 +16,7 @@ int CmdInfo(const Args& args);      // cmd_info.cpp
 int CmdTokenize(const Args& args);  // cmd_tokenize.cpp
 int CmdLogits(const Args& args);    // cmd_logits.cpp: dump logits for parity checks
 int CmdConvert(const Args& args);   // cmd_convert.cpp: rewrite a GGUF as f32/f16/q8_0
+int CmdServe(const Args& args);     // cmd_serve.cpp: the HTTP server (Anthropic + OpenAI APIs)
 
 // Resolve "-m NAME|PATH": an existing file path, or a catalog name whose GGUF is cached.
 // Returns the path or an error message (naming `mererun pull NAME` when not yet cached).
