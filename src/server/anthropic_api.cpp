@@ -79,7 +79,7 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
     if (role == "system") {
       ChatMessage sys{"system", "", {}, {}};
       if (auto e = SystemText(c, where + ".content", &sys.content)) return e;
-      out->push_back(std::move(sys));
+      if (!sys.content.empty()) out->push_back(std::move(sys));  // Claude Code sends empty ones
       continue;
     }
     ChatMessage msg{role, "", {}, {}};

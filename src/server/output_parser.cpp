@@ -139,7 +139,7 @@ void OutputParser::Finish(std::vector<ParsedEvent>* out) {
 }
 
 void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
-  while (!buf_.empty() || (final && mode_ == Mode::kToolCall)) {
+  while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
     switch (mode_) {
       case Mode::kReasoning: {
         const size_t end = buf_.find(kThinkEnd);
@@ -156,6 +156,20 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         return;
       }
       case Mode::kContent: {
+        if (skip_ws_ && opts_.parse_tool_calls) {
+          // At the start of the answer: a bare JSON object may be an untagged tool call.
+          size_t i = 0;
+          while (i < buf_.size() && IsWs(buf_[i])) ++i;
+          buf_.erase(0, i);
+          if (buf_.empty()) return;
+          if (buf_[0] == '{') {
+            mode_ = Mode::kBareJson;
+            tool_buf_.clear();
+            json_depth_ = 0;
+            json_in_string_ = json_escape_ = false;
+            continue;
+          }
+        }
         // The earliest marker: a stop sequence or a tool call opening.
         size_t best = std::string::npos;
         size_t best_len = 0;
@@ -196,6 +210,42 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         buf_.erase(0, buf_.size() - keep);
         if (final) held_ws_.clear();
         return;
+      }
+      case Mode::kBareJson: {
+        size_t i = 0;
+        bool closed = false;
+        for (; i < buf_.size() && !closed; ++i) {
+          const char c = buf_[i];
+          if (json_in_string_) {
+            if (json_escape_) json_escape_ = false;
+            else if (c == '\\') json_escape_ = true;
+            else if (c == '"') json_in_string_ = false;
+          } else if (c == '"') {
+            json_in_string_ = true;
+          } else if (c == '{') {
+            ++json_depth_;
+          } else if (c == '}') {
+            closed = --json_depth_ == 0;
+          }
+        }
+        tool_buf_.append(buf_, 0, i);
+        buf_.erase(0, i);
+        if (!closed && !final) return;
+        const std::string body = std::move(tool_buf_);
+        tool_buf_.clear();
+        mode_ = Mode::kContent;
+        ParsedEvent ev;
+        std::string why;
+        if (closed && ParseToolCall(body, opts_.tools, &ev.call, &why)) {
+          ev.kind = ParsedEvent::Kind::kToolCall;
+          out->push_back(std::move(ev));
+          ++tool_calls_;
+          skip_ws_ = true;
+        } else {
+          EmitText(body, out);  // plain JSON the model answered with
+          if (final) held_ws_.clear();
+        }
+        continue;
       }
       case Mode::kToolCall: {
         tool_buf_ += buf_;

@@ -8,6 +8,9 @@
 //   tool calls — `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Hermes
 //                convention), parsed once complete and validated against the tool's input
 //                schema; a call that does not parse or validate is passed on as literal text.
+//                Small models often drop the tags: a bare JSON object
+//                `{"name": ..., "arguments": ...}` at the start of the answer (or right after a
+//                call) that names a tool and validates is a call too; any other JSON is text.
 //
 // Text that may be the start of a marker ("</think>", "<tool_call>", a stop sequence) is held
 // back until it is decided, so nothing has to be taken back from a client. Input must be fed in
@@ -53,7 +56,7 @@ class OutputParser {
   int tool_calls() const { return tool_calls_; }
 
  private:
-  enum class Mode { kReasoning, kContent, kToolCall };
+  enum class Mode { kReasoning, kContent, kToolCall, kBareJson };
   void Process(std::vector<ParsedEvent>* out, bool final);
   void EmitText(std::string_view s, std::vector<ParsedEvent>* out);
   void EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out);
@@ -62,7 +65,10 @@ class OutputParser {
   Options opts_;
   Mode mode_ = Mode::kContent;
   std::string buf_;        // undecided input
-  std::string tool_buf_;   // body of the open tool call
+  std::string tool_buf_;   // body of the open tool call (or of a bare JSON object)
+  int json_depth_ = 0;     // kBareJson: brace depth, string state
+  bool json_in_string_ = false;
+  bool json_escape_ = false;
   std::string held_ws_;    // trailing whitespace of the text, emitted once more text follows
   bool skip_ws_ = true;    // drop whitespace at the start of text
   bool stopped_ = false;

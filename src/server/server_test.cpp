@@ -158,6 +158,31 @@ TEST(OutputParser, ForcedToolCallPrefillAndUnterminatedCall) {
   EXPECT_EQ(ev[0].call.arguments["city"], "Oslo");
 }
 
+// Qwen2.5-Coder-0.5B answered Claude Code with an untagged call; it must still be a call.
+TEST(OutputParser, BareJsonToolCallAtStart) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string text = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}\\\"b\"}}\n";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {text});
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[0].call.arguments["city"], "a}\"b");
+  ExpectSplitInvariant(o, text);
+  // JSON that is not a call stays text, as does JSON after text.
+  OutputParser q(o);
+  const auto ev2 = FeedAll(q, {"{\"answer\": 42} and {\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}"});
+  ASSERT_EQ(ev2.size(), 1u);
+  EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kText);
+  ExpectSplitInvariant(o, "{\"answer\": 42} and more");
+  // Without tools nothing is held back.
+  OutputParser r({});
+  const auto ev3 = FeedAll(r, {"{\"name\": \"get_weather\", \"arguments\": {}}"});
+  ASSERT_EQ(ev3.size(), 1u);
+  EXPECT_EQ(ev3[0].kind, ParsedEvent::Kind::kText);
+}
+
 TEST(JsonSchema, NestedTypesRequiredEnumItems) {
   const Json schema = Json::parse(R"({"type": "object", "required": ["a"], "properties": {
       "a": {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["x", "y"]}}}},

@@ -104,3 +104,22 @@ def test_openai_forced_tool_call_round_trip(server):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees celsius."}])
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_claude_code_request_is_accepted(server):
+    """The request Claude Code 2.1.328 really sent (captured at MERERUN_LOG=debug, ~49 KB, 12 tools,
+    adaptive thinking, context_management, billing header, a role:system message) is accepted
+    whole; count_tokens runs the same parsing, rendering and tokenization as a generation."""
+    import pathlib
+    import requests
+    body = json.loads((pathlib.Path(__file__).parent / "fixtures" / "claude_code_2.1.328_request.json").read_text())
+    hdr = {"anthropic-version": "2023-06-01", "x-api-key": "unused",
+           "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"
+                             "advanced-tool-use-2025-11-20,effort-2025-11-24"}
+    r = requests.post(server.base_url + "/v1/messages/count_tokens?beta=true", headers=hdr, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert 9000 < r.json()["input_tokens"] < 4096 * 4  # ~11.6k tokens with the Qwen tokenizer
+    # The same body as a generation: refused only for its size against this 4096-token server,
+    # with the Anthropic wording; nothing in it is rejected as a field.
+    r = requests.post(server.base_url + "/v1/messages?beta=true", headers=hdr, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt is too long:"), r.text
