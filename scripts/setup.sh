@@ -22,6 +22,8 @@ APT_NEEDS=(
   "libgtest-dev:/usr/include/gtest/gtest.h"
   "nlohmann-json3-dev:/usr/include/nlohmann/json.hpp"
   "libssl-dev:/usr/include/openssl/evp.h"
+  "libcpp-httplib-dev:/usr/include/httplib.h"
+  "pkg-config:pkg-config"
   "python3:python3"
 )
 missing=()

@@ -26,7 +26,7 @@ int CmdRun(const Args& args) {
   if (!model) return 1;
   const Tokenizer& tok = model->tokenizer();
   const ChatFamily family = raw ? ChatFamily::kNone : DetectChatFamily(model->file());
-  const std::string text = family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {{"user", prompt}});
+  const std::string text = family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {ChatMessage{"user", prompt, {}, {}}});
   std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/family != ChatFamily::kNone);
   const int64_t n_ctx = n_ctx_arg > 0 ? n_ctx_arg
                                       : std::min<int64_t>(model->config().n_ctx_train, static_cast<int64_t>(ids.size()) + n_predict + 1);

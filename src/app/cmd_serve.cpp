@@ -1,0 +1,88 @@
+// `mererun serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c CTX] [--api-key KEY] [-t N]
+//  [--signing-key KEY] [--max-queue N] [--max-body-bytes N]`: the HTTP server (src/server/).
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/model_opts.h"
+#include "server/engine.h"
+#include "server/http_server.h"
+#include "server/signing.h"
+
+namespace mr::app {
+
+int CmdServe(const Args& args) {
+  CliArgs cli(args);
+  ModelArgs margs = ParseModelArgs(cli);
+  server::ServerOptions sopts;
+  sopts.host = cli.Get("", "--host", "127.0.0.1");
+  sopts.port = std::atoi(cli.Get("", "--port", "8080").c_str());
+  sopts.api_key = cli.Get("", "--api-key", std::getenv("MERERUN_API_KEY") ? std::getenv("MERERUN_API_KEY") : "");
+  const int64_t n_ctx_arg = std::atoll(cli.Get("-c", "--ctx", "0").c_str());
+  std::string signing_key = cli.Get("", "--signing-key");
+  const int max_queue = std::atoi(cli.Get("", "--max-queue", "16").c_str());
+  const long long max_body = std::atoll(cli.Get("", "--max-body-bytes", "33554432").c_str());
+  if (!cli.Finish("serve")) return 2;
+  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 1 || max_body < 1024 || n_ctx_arg < 0) {
+    std::fprintf(stderr, "mererun serve: bad --port, --max-queue, --max-body-bytes or -c value\n");
+    return 2;
+  }
+  sopts.max_body_bytes = static_cast<size_t>(max_body);
+
+  // Signals are taken by one thread (sigwait) so that shutdown runs outside a signal handler;
+  // every thread started below inherits the blocked mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto model = LoadModelOrReport("serve", margs);
+  if (!model) return 1;
+  const int64_t n_ctx_train = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
+  const int64_t n_ctx = n_ctx_arg > 0 ? n_ctx_arg : std::min<int64_t>(n_ctx_train, 32768);
+
+  server::ServedModel sm;
+  sm.model = model.get();
+  sm.id = margs.model;
+  if (std::filesystem::exists(sm.id)) sm.id = std::filesystem::path(sm.id).stem().string();
+  sm.family = DetectChatFamily(model->file());
+  sm.default_sampling = ModelDefaultSampling(*model);
+  sm.n_ctx = n_ctx;
+  sm.created_unix = static_cast<int64_t>(std::time(nullptr));
+  sm.signing_key = signing_key.empty() ? server::RandomSigningKey() : signing_key;
+
+  server::Engine engine(*model, n_ctx, static_cast<size_t>(max_queue));
+  sm.engine = &engine;
+  server::HttpServer http(sm, sopts);
+
+  std::thread sig_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "[serve] signal %d: shutting down\n", sig);
+    engine.CancelAll();
+    http.Stop();
+  });
+  Status st = http.Run([&](int port) {
+    std::fprintf(stderr, "[serve] %s (%s chat format, context %lld, %d threads) listening on http://%s:%d\n",
+                 sm.id.c_str(), ChatFamilyName(sm.family), (long long)n_ctx, model->n_threads(), sopts.host.c_str(), port);
+  });
+  if (!st.ok()) {
+    std::fprintf(stderr, "mererun serve: %s\n", st.message().c_str());
+    pthread_kill(sig_thread.native_handle(), SIGTERM);
+    sig_thread.join();
+    return 1;
+  }
+  sig_thread.join();
+  return 0;
+}
+
+}  // namespace mr::app

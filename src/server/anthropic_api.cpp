@@ -1,0 +1,437 @@
+#include "server/anthropic_api.h"
+
+#include "server/signing.h"
+
+namespace mr::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+void AppendPara(std::string* s, const std::string& t) {
+  if (!s->empty() && !t.empty()) *s += "\n\n";
+  *s += t;
+}
+
+// System prompt blocks; Claude Code's first block is a per-run billing header, which is
+// metadata, not instructions (and would defeat KV reuse between runs): it is dropped.
+std::optional<ApiError> SystemText(const Json& sys, const std::string& where, std::string* out) {
+  if (sys.is_string()) {
+    *out = sys.get<std::string>();
+    return std::nullopt;
+  }
+  if (!sys.is_array()) return InvalidRequest(where + ": expected a string or an array of text blocks");
+  for (size_t i = 0; i < sys.size(); ++i) {
+    const Json& b = sys[i];
+    const std::string w = where + "[" + std::to_string(i) + "]";
+    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
+      return InvalidRequest(w + ": expected a text block {\"type\": \"text\", \"text\": ...}");
+    const std::string& t = b["text"].get_ref<const std::string&>();
+    if (t.rfind("x-anthropic-billing-header:", 0) == 0) continue;
+    AppendPara(out, t);
+  }
+  return std::nullopt;
+}
+
+ApiError TextOnly(const ServedModel& sm, const std::string& where) {
+  return InvalidRequest(where + ": image content is not supported: model '" + sm.id +
+                        "' is text-only; remove the image block or describe the image in text");
+}
+
+// Text of a tool_result's content (a string or text blocks).
+std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, const std::string& where, std::string* out) {
+  if (c.is_null()) return std::nullopt;
+  if (c.is_string()) {
+    *out = c.get<std::string>();
+    return std::nullopt;
+  }
+  if (!c.is_array()) return InvalidRequest(where + ": expected a string or an array of content blocks");
+  for (size_t k = 0; k < c.size(); ++k) {
+    const Json& b = c[k];
+    const std::string w = where + "[" + std::to_string(k) + "]";
+    const std::string type = b.is_object() ? b.value("type", "") : "";
+    if (type == "text" && b.contains("text") && b["text"].is_string()) {
+      if (!out->empty()) *out += "\n";
+      *out += b["text"].get<std::string>();
+    } else if (type == "image") {
+      return TextOnly(sm, w);
+    } else if (type == "document" || type == "search_result") {
+      return InvalidRequest(w + ": " + type + " blocks in tool results are not supported; send text blocks");
+    } else {
+      return InvalidRequest(w + ": unsupported content block type \"" + type + "\" in a tool result");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, std::vector<ChatMessage>* out) {
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const Json& m = msgs[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return InvalidRequest(where + ": expected an object");
+    const std::string role = m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
+    if (role != "user" && role != "assistant" && role != "system")
+      return InvalidRequest(where + ".role: expected \"user\", \"assistant\" or \"system\", got " +
+                            (m.contains("role") ? Dump(m["role"]) : "nothing"));
+    if (!m.contains("content")) return InvalidRequest(where + ".content: field required");
+    const Json& c = m["content"];
+    if (role == "system") {
+      ChatMessage sys{"system", "", {}, {}};
+      if (auto e = SystemText(c, where + ".content", &sys.content)) return e;
+      if (!sys.content.empty()) out->push_back(std::move(sys));  // Claude Code sends empty ones
+      continue;
+    }
+    ChatMessage msg{role, "", {}, {}};
+    if (c.is_string()) {
+      msg.content = c.get<std::string>();
+      out->push_back(std::move(msg));
+      continue;
+    }
+    if (!c.is_array()) return InvalidRequest(where + ".content: expected a string or an array of content blocks");
+    for (size_t j = 0; j < c.size(); ++j) {
+      const Json& b = c[j];
+      const std::string w = where + ".content[" + std::to_string(j) + "]";
+      if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+        return InvalidRequest(w + ": expected a content block with a \"type\"");
+      const std::string type = b["type"].get<std::string>();
+      if (type == "text") {
+        if (!b.contains("text") || !b["text"].is_string()) return InvalidRequest(w + ".text: field required");
+        AppendPara(&msg.content, b["text"].get<std::string>());
+      } else if (type == "image") {
+        return TextOnly(sm, w);
+      } else if (type == "document") {
+        const Json cit = b.value("citations", Json());
+        if (cit.is_object() && cit.value("enabled", false))
+          return InvalidRequest(w + ".citations: citations are not supported by this server; send the document without \"citations\"");
+        const Json src = b.value("source", Json());
+        if (!src.is_object() || src.value("type", "") != "text" || !src.contains("data") || !src["data"].is_string())
+          return InvalidRequest(w + ".source: only plain-text documents ({\"type\": \"text\", \"data\": ...}) are supported by this text-only model");
+        AppendPara(&msg.content, src["data"].get<std::string>());
+      } else if (type == "tool_result" && role == "user") {
+        if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
+          return InvalidRequest(w + ".tool_use_id: field required");
+        ChatMessage tool{"tool", "", {}, b["tool_use_id"].get<std::string>()};
+        if (b.contains("content"))
+          if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content)) return e;
+        if (b.value("is_error", false)) tool.content = "Error: " + tool.content;
+        // Text the user wrote before the results stays before them.
+        if (!msg.content.empty()) {
+          out->push_back(msg);
+          msg.content.clear();
+        }
+        out->push_back(std::move(tool));
+      } else if (type == "tool_use" && role == "assistant") {
+        ChatToolCall call;
+        if (!b.contains("name") || !b["name"].is_string()) return InvalidRequest(w + ".name: field required");
+        call.id = b.value("id", "");
+        call.name = b["name"].get<std::string>();
+        if (b.contains("input")) call.arguments = b["input"];
+        if (!call.arguments.is_object()) return InvalidRequest(w + ".input: expected an object");
+        msg.tool_calls.push_back(std::move(call));
+      } else if (type == "thinking" && role == "assistant") {
+        const std::string text = b.contains("thinking") && b["thinking"].is_string() ? b["thinking"].get<std::string>() : "";
+        const std::string sig = b.contains("signature") && b["signature"].is_string() ? b["signature"].get<std::string>() : "";
+        if (!VerifyThinking(sm.signing_key, sm.id, text, sig))
+          return InvalidRequest(w + ".signature: invalid signature for this thinking block (altered, or signed by "
+                                    "another server or an earlier run); send it back unchanged or drop it");
+        // Earlier reasoning is not replayed into the prompt (as Qwen's reasoning templates do).
+      } else if (type == "redacted_thinking" && role == "assistant") {
+        // Accepted and dropped: this server never produces one, so there is nothing to decode.
+      } else if (type == "search_result" || type == "server_tool_use" || type == "web_search_tool_result" ||
+                 type == "container_upload" || type == "mcp_tool_use" || type == "mcp_tool_result") {
+        return InvalidRequest(w + ": content blocks of type \"" + type + "\" are not supported by this server");
+      } else {
+        return InvalidRequest(w + ": unsupported content block type \"" + type + "\" in a " + role + " message");
+      }
+    }
+    if (!msg.content.empty() || !msg.tool_calls.empty() || out->empty() || out->back().role != "tool")
+      out->push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+int64_t EffortBudget(const std::string& effort) {
+  if (effort == "high") return 1024;
+  if (effort == "xhigh") return 2048;
+  if (effort == "max") return 4096;
+  return 0;  // low, medium: answer directly
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedModel& sm, bool count_only,
+                                              ChatRequest* req, AnthropicOptions* opts) {
+  if (!body.is_object()) return InvalidRequest("the request body must be a JSON object");
+  if (!body.contains("model") || !body["model"].is_string()) return InvalidRequest("model: field required (a string)");
+  opts->model = body["model"].get<std::string>();
+
+  int64_t max_tokens = -1;
+  if (body.contains("max_tokens")) {
+    const Json& mt = body["max_tokens"];
+    if (!mt.is_number_integer() || mt.get<int64_t>() < 1) return InvalidRequest("max_tokens: expected an integer >= 1");
+    max_tokens = mt.get<int64_t>();
+  } else if (!count_only) {
+    return InvalidRequest("max_tokens: field required");
+  }
+  req->max_tokens = max_tokens;
+
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    return InvalidRequest("messages: field required (a non-empty array)");
+
+  if (body.contains("system") && !body["system"].is_null()) {
+    ChatMessage sys{"system", "", {}, {}};
+    if (auto e = SystemText(body["system"], "system", &sys.content)) return e;
+    req->messages.push_back(std::move(sys));
+  }
+  if (auto e = ParseMessages(body["messages"], sm, &req->messages)) return e;
+  if (req->messages.back().role == "assistant") req->render.continue_final = true;
+
+  if (body.contains("stream")) {
+    if (!body["stream"].is_boolean()) return InvalidRequest("stream: expected a boolean");
+    opts->stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stop_sequences") && !body["stop_sequences"].is_null()) {
+    const Json& s = body["stop_sequences"];
+    if (!s.is_array()) return InvalidRequest("stop_sequences: expected an array of strings");
+    for (const Json& x : s) {
+      if (!x.is_string()) return InvalidRequest("stop_sequences: expected an array of strings");
+      req->stop_sequences.push_back(x.get<std::string>());
+    }
+  }
+  if (body.contains("temperature") && !body["temperature"].is_null()) {
+    const Json& t = body["temperature"];
+    if (!t.is_number() || t.get<double>() < 0.0 || t.get<double>() > 2.0)
+      return InvalidRequest("temperature: expected a number between 0 and 2");
+    req->temperature = t.get<float>();
+  }
+  if (body.contains("top_p") && !body["top_p"].is_null()) {
+    const Json& t = body["top_p"];
+    if (!t.is_number() || t.get<double>() <= 0.0 || t.get<double>() > 1.0)
+      return InvalidRequest("top_p: expected a number in (0, 1]");
+    req->top_p = t.get<float>();
+  }
+  if (body.contains("top_k") && !body["top_k"].is_null()) {
+    const Json& t = body["top_k"];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0) return InvalidRequest("top_k: expected an integer >= 0");
+    req->top_k = static_cast<int>(std::min<int64_t>(t.get<int64_t>(), 1 << 30));
+  }
+
+  // Tools.
+  std::vector<ChatTool> tools;
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    const Json& ts = body["tools"];
+    if (!ts.is_array()) return InvalidRequest("tools: expected an array");
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const Json& t = ts[i];
+      const std::string w = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) return InvalidRequest(w + ": expected an object");
+      const std::string type = t.contains("type") && t["type"].is_string() ? t["type"].get<std::string>() : "custom";
+      if (type != "custom")
+        return InvalidRequest(w + ".type: server tool \"" + type + "\" is not supported by this server; "
+                                  "define it as a custom tool with an input_schema");
+      if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
+      if (!t.contains("input_schema") || !t["input_schema"].is_object())
+        return InvalidRequest(w + ".input_schema: field required (a JSON schema object)");
+      if (t.value("defer_loading", false)) continue;  // not shown to the model (docs/api.md)
+      ChatTool tool;
+      tool.name = t["name"].get<std::string>();
+      if (t.contains("description") && t["description"].is_string()) tool.description = t["description"].get<std::string>();
+      tool.parameters = t["input_schema"];
+      tools.push_back(std::move(tool));
+    }
+  }
+  std::string choice = "auto";
+  std::string forced_name;
+  bool single = false;
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const Json& tc = body["tool_choice"];
+    if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string())
+      return InvalidRequest("tool_choice: expected an object with a \"type\"");
+    choice = tc["type"].get<std::string>();
+    if (choice != "auto" && choice != "any" && choice != "tool" && choice != "none")
+      return InvalidRequest("tool_choice.type: expected \"auto\", \"any\", \"tool\" or \"none\"");
+    single = tc.value("disable_parallel_tool_use", false);
+    if (choice == "tool") {
+      if (!tc.contains("name") || !tc["name"].is_string()) return InvalidRequest("tool_choice.name: field required");
+      forced_name = tc["name"].get<std::string>();
+      bool found = false;
+      for (const ChatTool& t : tools) found |= t.name == forced_name;
+      if (!found) return InvalidRequest("tool_choice.name: no tool named \"" + forced_name + "\" in tools");
+    }
+    if ((choice == "any" || choice == "tool") && tools.empty())
+      return InvalidRequest("tool_choice: \"" + choice + "\" needs at least one tool in tools");
+  }
+  if (choice != "none") {
+    req->render.tools = tools;
+    req->parse_tool_calls = !tools.empty();
+  }
+  req->single_tool_call = single;
+
+  // Reasoning: these models have none of their own; see docs/api.md.
+  std::string effort;
+  if (body.contains("output_config") && !body["output_config"].is_null()) {
+    const Json& oc = body["output_config"];
+    if (!oc.is_object()) return InvalidRequest("output_config: expected an object");
+    if (oc.contains("format") && !oc["format"].is_null())
+      return InvalidRequest("output_config.format: structured outputs are not supported by this server; remove the field");
+    if (oc.contains("effort") && !oc["effort"].is_null()) {
+      effort = oc["effort"].is_string() ? oc["effort"].get<std::string>() : "";
+      if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" && effort != "max")
+        return InvalidRequest("output_config.effort: expected \"low\", \"medium\", \"high\", \"xhigh\" or \"max\"");
+    }
+  }
+  if (body.contains("output_format") && !body["output_format"].is_null())
+    return InvalidRequest("output_format: structured outputs are not supported by this server; remove the field");
+  int64_t budget = 0;
+  if (body.contains("thinking") && !body["thinking"].is_null()) {
+    const Json& th = body["thinking"];
+    if (!th.is_object() || !th.contains("type") || !th["type"].is_string())
+      return InvalidRequest("thinking: expected an object with a \"type\"");
+    const std::string type = th["type"].get<std::string>();
+    if (type == "enabled") {
+      if (!th.contains("budget_tokens") || !th["budget_tokens"].is_number_integer() || th["budget_tokens"].get<int64_t>() < 1)
+        return InvalidRequest("thinking.budget_tokens: expected an integer >= 1");
+      budget = th["budget_tokens"].get<int64_t>();
+      if (max_tokens > 0 && budget >= max_tokens)
+        return InvalidRequest("max_tokens must be greater than thinking.budget_tokens");
+    } else if (type == "adaptive") {
+      budget = EffortBudget(effort);
+    } else if (type != "disabled") {
+      return InvalidRequest("thinking.type: expected \"enabled\", \"adaptive\" or \"disabled\"");
+    }
+    if (th.contains("display") && th["display"].is_string()) opts->thinking_omitted = th["display"] == "omitted";
+  }
+  if (budget > 0 && (choice == "any" || choice == "tool"))
+    return InvalidRequest("tool_choice: \"" + choice + "\" cannot be used with thinking; use \"auto\" or disable thinking");
+  if (req->render.continue_final) budget = 0;  // a prefilled answer is continued as is
+  req->thinking_budget = budget;
+
+  if (choice == "any") {
+    req->tool_call_prefill = "<tool_call>\n{\"name\": \"";
+    req->single_tool_call = true;
+  } else if (choice == "tool") {
+    req->tool_call_prefill = "<tool_call>\n{\"name\": \"" + forced_name + "\", \"arguments\": ";
+    req->single_tool_call = true;
+  }
+
+  if (body.contains("mcp_servers") && body["mcp_servers"].is_array() && !body["mcp_servers"].empty())
+    return InvalidRequest("mcp_servers: MCP connectors are not supported by this server; remove the field");
+  if (body.contains("container") && !body["container"].is_null())
+    return InvalidRequest("container: code-execution containers are not supported by this server; remove the field");
+  return std::nullopt;
+}
+
+AnthropicWriter::AnthropicWriter(const ServedModel& sm, AnthropicOptions opts, int64_t input_tokens)
+    : sm_(sm), opts_(std::move(opts)), id_(RandomId("msg_")), input_tokens_(input_tokens) {}
+
+std::string AnthropicWriter::Sse(const char* event, const Json& data) {
+  return std::string("event: ") + event + "\ndata: " + Dump(data) + "\n\n";
+}
+
+std::string AnthropicWriter::Ping() { return Sse("ping", {{"type", "ping"}}); }
+
+std::string AnthropicWriter::Start() {
+  Json msg = Message();
+  msg["stop_reason"] = nullptr;
+  msg["usage"]["output_tokens"] = 0;
+  return Sse("message_start", {{"type", "message_start"}, {"message", std::move(msg)}});
+}
+
+std::string AnthropicWriter::OpenBlock(Block b, Json start) {
+  std::string out = CloseBlock();
+  open_ = b;
+  content_.push_back(start);
+  return out + Sse("content_block_start",
+                   {{"type", "content_block_start"}, {"index", content_.size() - 1}, {"content_block", std::move(start)}});
+}
+
+std::string AnthropicWriter::CloseBlock() {
+  if (open_ == Block::kNone) return "";
+  std::string out;
+  const size_t index = content_.size() - 1;
+  if (open_ == Block::kThinking) {
+    Json& block = content_.back();
+    const std::string sig = SignThinking(sm_.signing_key, sm_.id, block["thinking"].get<std::string>());
+    block["signature"] = sig;
+    out += Sse("content_block_delta", {{"type", "content_block_delta"},
+                                       {"index", index},
+                                       {"delta", {{"type", "signature_delta"}, {"signature", sig}}}});
+  }
+  open_ = Block::kNone;
+  return out + Sse("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+}
+
+std::string AnthropicWriter::Event(const StreamEvent& ev) {
+  std::string out;
+  switch (ev.kind) {
+    case StreamEvent::Kind::kText: {
+      if (ev.text.empty()) break;
+      if (open_ != Block::kText) out += OpenBlock(Block::kText, {{"type", "text"}, {"text", ""}});
+      content_.back()["text"] = content_.back()["text"].get<std::string>() + ev.text;
+      out += Sse("content_block_delta", {{"type", "content_block_delta"},
+                                         {"index", content_.size() - 1},
+                                         {"delta", {{"type", "text_delta"}, {"text", ev.text}}}});
+      break;
+    }
+    case StreamEvent::Kind::kReasoning: {
+      if (open_ != Block::kThinking)
+        out += OpenBlock(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+      if (opts_.thinking_omitted || ev.text.empty()) break;
+      content_.back()["thinking"] = content_.back()["thinking"].get<std::string>() + ev.text;
+      out += Sse("content_block_delta", {{"type", "content_block_delta"},
+                                         {"index", content_.size() - 1},
+                                         {"delta", {{"type", "thinking_delta"}, {"thinking", ev.text}}}});
+      break;
+    }
+    case StreamEvent::Kind::kToolCall: {
+      Json start = {{"type", "tool_use"}, {"id", RandomId("toolu_")}, {"name", ev.call.name}, {"input", Json::object()}};
+      out += OpenBlock(Block::kToolUse, start);
+      content_.back()["input"] = ev.call.arguments;
+      out += Sse("content_block_delta", {{"type", "content_block_delta"},
+                                         {"index", content_.size() - 1},
+                                         {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(ev.call.arguments)}}}});
+      out += CloseBlock();
+      break;
+    }
+    case StreamEvent::Kind::kDone: {
+      out += CloseBlock();
+      output_tokens_ = ev.output_tokens;
+      switch (ev.finish) {
+        case FinishReason::kEndTurn:
+        case FinishReason::kCancelled: stop_reason_ = "end_turn"; break;
+        case FinishReason::kMaxTokens: stop_reason_ = "max_tokens"; break;
+        case FinishReason::kStopSequence: stop_reason_ = "stop_sequence"; break;
+        case FinishReason::kToolUse: stop_reason_ = "tool_use"; break;
+      }
+      if (ev.finish == FinishReason::kStopSequence) stop_sequence_ = ev.stop_sequence;
+      out += Sse("message_delta", {{"type", "message_delta"},
+                                   {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
+                                   {"usage", {{"output_tokens", output_tokens_}}}});
+      out += Sse("message_stop", {{"type", "message_stop"}});
+      break;
+    }
+    case StreamEvent::Kind::kError:
+      out += Sse("error", {{"type", "error"}, {"error", {{"type", AnthropicErrorName(ev.error.type)}, {"message", ev.error.message}}}});
+      break;
+  }
+  return out;
+}
+
+Json AnthropicWriter::Message() const {
+  Json msg = {{"id", id_},
+              {"type", "message"},
+              {"role", "assistant"},
+              {"model", opts_.model},
+              {"content", content_},
+              {"stop_reason", stop_reason_.empty() ? Json() : Json(stop_reason_)},
+              {"stop_sequence", stop_sequence_},
+              {"usage",
+               {{"input_tokens", input_tokens_},
+                {"cache_creation_input_tokens", 0},
+                {"cache_read_input_tokens", 0},
+                {"output_tokens", output_tokens_}}}};
+  return msg;
+}
+
+}  // namespace mr::server

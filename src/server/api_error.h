@@ -1,0 +1,35 @@
+// One error type for every API: handlers return ApiError values (never throw out); each wire
+// format maps it to its status and body once (anthropic_api.cpp, openai_api.cpp).
+#pragma once
+
+#include <string>
+
+namespace mr::server {
+
+enum class ApiErrorType {
+  kInvalidRequest,   // 400 invalid_request_error
+  kAuthentication,   // 401 authentication_error
+  kPermission,       // 403 permission_error
+  kNotFound,         // 404 not_found_error
+  kRequestTooLarge,  // 413 request_too_large
+  kRateLimit,        // 429 rate_limit_error
+  kApi,              // 500 api_error
+  kOverloaded,       // 529 overloaded_error
+};
+
+struct ApiError {
+  ApiErrorType type = ApiErrorType::kApi;
+  std::string message;
+};
+
+inline ApiError InvalidRequest(std::string m) { return {ApiErrorType::kInvalidRequest, std::move(m)}; }
+
+int HttpStatus(ApiErrorType t);
+// Anthropic's error.type string ("invalid_request_error", ...).
+const char* AnthropicErrorName(ApiErrorType t);
+// {"type":"error","error":{"type":...,"message":...}}
+std::string AnthropicErrorBody(const ApiError& e);
+// OpenAI's {"error":{"message","type","param":null,"code":null}}.
+std::string OpenAIErrorBody(const ApiError& e);
+
+}  // namespace mr::server

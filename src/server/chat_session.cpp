@@ -1,0 +1,200 @@
+#include "server/chat_session.h"
+
+#include <algorithm>
+#include <random>
+
+#include "base/log.h"
+
+namespace mr::server {
+
+size_t CompleteUtf8Prefix(std::string_view s) {
+  // Walk back over at most 3 continuation bytes to the last lead byte.
+  size_t i = s.size();
+  size_t back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) {
+    --i;
+    ++back;
+  }
+  if (i == 0) return back == 0 ? 0 : s.size();  // only continuation bytes: pass them on
+  const unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+  size_t need = 1;
+  if (lead >= 0xF0) need = 4;
+  else if (lead >= 0xE0) need = 3;
+  else if (lead >= 0xC0) need = 2;
+  if (need == 1) return s.size();
+  return back + 1 >= need ? s.size() : i - 1;
+}
+
+std::string RandomId(const char* prefix, int n) {
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string s = prefix;
+  for (int i = 0; i < n; ++i) s.push_back(kChars[rng() % (sizeof(kChars) - 1)]);
+  return s;
+}
+
+void EventChannel::Push(StreamEvent ev) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    q_.push_back(std::move(ev));
+  }
+  cv_.notify_one();
+}
+
+bool EventChannel::Pop(StreamEvent* ev, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !q_.empty(); })) return false;
+  *ev = std::move(q_.front());
+  q_.pop_front();
+  return true;
+}
+
+std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out) {
+  if (req.thinking_budget > 0) {
+    req.render.system_suffix += kThinkInstruction;
+    req.render.assistant_prefix += "<think>\n";
+  }
+  req.render.assistant_prefix += req.tool_call_prefill;
+  const std::string text = RenderChat(sm.family, sm.model->file(), req.messages, req.render);
+  MR_LOGD("server", "prompt:\n%s", text.c_str());
+  out->prompt = sm.model->tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/sm.family != ChatFamily::kNone);
+  const int64_t n = static_cast<int64_t>(out->prompt.size());
+  const int64_t max_prompt = sm.n_ctx - 1;
+  if (n > max_prompt)
+    return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) + " maximum");
+  if (n == 0) return InvalidRequest("the prompt is empty");
+  const int64_t room = sm.n_ctx - n;
+  out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
+
+  SamplingParams s = sm.default_sampling;
+  if (req.temperature) s.temperature = *req.temperature;
+  if (req.top_p) s.top_p = *req.top_p;
+  if (req.top_k) s.top_k = *req.top_k;
+  out->params.sampling = s;
+  out->params.max_tokens = out->max_tokens;
+  if (req.seed) {
+    out->params.seed = *req.seed;
+    out->params.seeded = true;
+  }
+  out->parser.start_in_reasoning = req.thinking_budget > 0;
+  out->parser.parse_tool_calls = req.parse_tool_calls;
+  out->parser.tools = req.render.tools;
+  out->parser.stop_sequences = req.stop_sequences;
+  out->parser.tool_call_prefill = req.tool_call_prefill;
+  out->thinking_budget = req.thinking_budget;
+  out->single_tool_call = req.single_tool_call;
+  return std::nullopt;
+}
+
+namespace {
+
+// Engine-thread state of one request.
+struct Session {
+  Session(const Tokenizer& t, OutputParser::Options o) : tok(t), parser(std::move(o)) {}
+  const Tokenizer& tok;
+  OutputParser parser;
+  std::shared_ptr<EventChannel> channel;
+  std::string pending;  // bytes of an incomplete UTF-8 character
+  std::vector<ParsedEvent> events;
+  int64_t reasoning_tokens = 0;
+  int64_t thinking_budget = 0;
+  bool single_tool_call = false;
+  bool end_reasoning = false;  // the budget is spent: inject "</think>"
+
+  void Flush() {
+    for (ParsedEvent& e : events) {
+      StreamEvent ev;
+      switch (e.kind) {
+        case ParsedEvent::Kind::kText: ev.kind = StreamEvent::Kind::kText; break;
+        case ParsedEvent::Kind::kReasoning: ev.kind = StreamEvent::Kind::kReasoning; break;
+        case ParsedEvent::Kind::kToolCall: ev.kind = StreamEvent::Kind::kToolCall; break;
+      }
+      ev.text = std::move(e.text);
+      ev.call = std::move(e.call);
+      channel->Push(std::move(ev));
+    }
+    events.clear();
+  }
+
+  bool OnToken(TokenId id) {
+    if (parser.in_reasoning()) ++reasoning_tokens;
+    pending += tok.TokenToPiece(id, false);
+    const size_t n = CompleteUtf8Prefix(pending);
+    if (n > 0) {
+      parser.Feed(std::string_view(pending).substr(0, n), &events);
+      pending.erase(0, n);
+    }
+    Flush();
+    if (parser.stopped()) return false;
+    if (single_tool_call && parser.tool_calls() > 0) return false;
+    if (thinking_budget > 0 && parser.in_reasoning() && reasoning_tokens >= thinking_budget) {
+      end_reasoning = true;
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<TokenId> Continuation() {
+    if (!end_reasoning) return {};
+    end_reasoning = false;
+    const std::string close = "\n</think>\n\n";
+    parser.Feed(close, &events);
+    Flush();
+    return tok.Encode(close, /*add_special=*/false, /*parse_special=*/true);
+  }
+
+  void Done(const Result<JobResult>& r) {
+    if (!pending.empty()) parser.Feed(pending, &events);
+    pending.clear();
+    parser.Finish(&events);
+    Flush();
+    StreamEvent ev;
+    if (!r.ok()) {
+      ev.kind = StreamEvent::Kind::kError;
+      ev.error = {ApiErrorType::kApi, r.status().message()};
+      channel->Push(std::move(ev));
+      return;
+    }
+    ev.kind = StreamEvent::Kind::kDone;
+    ev.input_tokens = r->prompt_tokens;
+    ev.output_tokens = r->output_tokens;
+    if (r->stop == StopCause::kCancelled) {
+      ev.finish = FinishReason::kCancelled;
+    } else if (parser.stopped()) {
+      ev.finish = FinishReason::kStopSequence;
+      ev.stop_sequence = parser.matched_stop_sequence();
+    } else if (parser.tool_calls() > 0) {
+      ev.finish = FinishReason::kToolUse;
+    } else if (r->stop == StopCause::kMaxTokens || r->stop == StopCause::kContextFull) {
+      ev.finish = FinishReason::kMaxTokens;
+    } else {
+      ev.finish = FinishReason::kEndTurn;
+    }
+    MR_LOGI("server", "request done: %lld prompt tokens (%lld reused), %lld output tokens, prefill %.2f s, decode %.2f s",
+            (long long)r->prompt_tokens, (long long)r->reused_tokens, (long long)r->output_tokens, r->prefill_s,
+            r->decode_s);
+    channel->Push(std::move(ev));
+  }
+};
+
+}  // namespace
+
+std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, std::shared_ptr<EventChannel> channel,
+                                  std::shared_ptr<EngineJob>* job_out) {
+  auto session = std::make_shared<Session>(sm.model->tokenizer(), std::move(prepared.parser));
+  session->channel = std::move(channel);
+  session->thinking_budget = prepared.thinking_budget;
+  session->single_tool_call = prepared.single_tool_call;
+  auto job = std::make_shared<EngineJob>();
+  job->prompt = std::move(prepared.prompt);
+  job->params = prepared.params;
+  job->on_token = [session](TokenId id) { return session->OnToken(id); };
+  job->continuation = [session] { return session->Continuation(); };
+  job->on_done = [session](const Result<JobResult>& r) { session->Done(r); };
+  if (!sm.engine->Submit(job))
+    return ApiError{ApiErrorType::kOverloaded, "the server is overloaded: too many queued requests; retry later"};
+  *job_out = std::move(job);
+  return std::nullopt;
+}
+
+}  // namespace mr::server

@@ -1,0 +1,106 @@
+// API-neutral chat generation: a ChatRequest (what the Anthropic and OpenAI layers parse their
+// bodies into) becomes a prompt and an EngineJob whose callbacks decode tokens, run the
+// OutputParser and hand StreamEvents to the request's channel. The HTTP thread serializes them.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/chat_format.h"
+#include "server/api_error.h"
+#include "server/engine.h"
+#include "server/output_parser.h"
+
+namespace mr::server {
+
+// Appended to the system prompt when prompted reasoning is on (docs/api.md, "thinking").
+inline constexpr const char* kThinkInstruction =
+    "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
+
+struct ChatRequest {
+  std::vector<ChatMessage> messages;
+  ChatRenderOptions render;      // tools, system suffix, assistant prefix, continue_final
+  bool parse_tool_calls = false;
+  bool single_tool_call = false;  // stop after the first complete call
+  std::string tool_call_prefill;  // a forced call's opening (also at the end of render.assistant_prefix)
+  std::vector<std::string> stop_sequences;
+  int64_t max_tokens = -1;  // -1: up to the context
+  std::optional<float> temperature, top_p;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
+  int64_t thinking_budget = 0;  // > 0: prompted reasoning of at most this many tokens
+};
+
+// What the served model is, as the API layers need it.
+struct ServedModel {
+  Model* model = nullptr;
+  Engine* engine = nullptr;
+  std::string id;  // the name clients see (catalog name or file stem)
+  ChatFamily family = ChatFamily::kChatML;
+  SamplingParams default_sampling;
+  int64_t n_ctx = 0;
+  int64_t created_unix = 0;
+  std::string signing_key;  // HMAC key for thinking signatures
+};
+
+struct PreparedChat {
+  std::vector<TokenId> prompt;
+  int64_t max_tokens = 0;  // after clamping to the context
+  GenerateParams params;
+  OutputParser::Options parser;
+  int64_t thinking_budget = 0;
+  bool single_tool_call = false;
+};
+
+// Renders and tokenizes. Errors: a prompt longer than the context (400 "prompt is too long:
+// N tokens > M maximum"). max_tokens beyond the context is clamped, never refused.
+std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out);
+
+enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancelled };
+
+struct StreamEvent {
+  enum class Kind { kText, kReasoning, kToolCall, kDone, kError };
+  Kind kind = Kind::kText;
+  std::string text;
+  ChatToolCall call;
+  // kDone:
+  FinishReason finish = FinishReason::kEndTurn;
+  std::string stop_sequence;
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  // kError:
+  ApiError error;
+};
+
+// One request's events, engine thread -> HTTP thread.
+class EventChannel {
+ public:
+  void Push(StreamEvent ev);
+  // Waits up to `timeout`; false when nothing came.
+  bool Pop(StreamEvent* ev, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> q_;
+};
+
+// Submits the generation; events (ending with one kDone or kError) arrive on `channel`.
+// Errors: 529 overloaded when the engine's queue is full.
+std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, std::shared_ptr<EventChannel> channel,
+                                  std::shared_ptr<EngineJob>* job_out);
+
+// Complete UTF-8 prefix length of s (a trailing partial character is left for later).
+size_t CompleteUtf8Prefix(std::string_view s);
+
+// "prefix" + n random alphanumerics (ids of messages and tool calls).
+std::string RandomId(const char* prefix, int n = 24);
+
+}  // namespace mr::server

@@ -1,0 +1,45 @@
+// The OpenAI Chat Completions API: request parsing into a ChatRequest and the response writer
+// (one chat.completion object, or chat.completion.chunk SSE lines ending with [DONE]).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/chat_session.h"
+
+namespace mr::server {
+
+struct OpenAIOptions {
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::string model;
+};
+
+std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,
+                                           OpenAIOptions* opts);
+
+class OpenAIWriter {
+ public:
+  OpenAIWriter(OpenAIOptions opts, int64_t input_tokens);
+  std::string Start();  // the first chunk (role)
+  std::string Event(const StreamEvent& ev);  // kDone also writes the usage chunk and [DONE]
+  nlohmann::ordered_json Completion() const;
+
+ private:
+  std::string Chunk(nlohmann::ordered_json delta, const nlohmann::ordered_json& finish) const;
+
+  OpenAIOptions opts_;
+  std::string id_;
+  int64_t created_ = 0;
+  int64_t input_tokens_ = 0;
+  int64_t output_tokens_ = 0;
+  std::string content_;
+  std::string reasoning_;
+  nlohmann::ordered_json tool_calls_ = nlohmann::ordered_json::array();
+  std::string finish_;
+};
+
+}  // namespace mr::server

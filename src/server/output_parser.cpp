@@ -1,0 +1,275 @@
+#include "server/output_parser.h"
+
+#include <algorithm>
+
+#include "server/json_schema.h"
+
+namespace mr::server {
+namespace {
+
+constexpr std::string_view kThinkEnd = "</think>";
+constexpr std::string_view kToolOpen = "<tool_call>";
+constexpr std::string_view kToolClose = "</tool_call>";
+
+bool IsWs(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+// Length of the longest proper suffix of `s` that is a prefix of `marker`.
+size_t PartialSuffix(std::string_view s, std::string_view marker) {
+  const size_t max = std::min(s.size(), marker.size() - 1);
+  for (size_t n = max; n > 0; --n)
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
+}  // namespace
+
+bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, ChatToolCall* call, std::string* why) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    *why = "tool call is not a JSON object";
+    return false;
+  }
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string()) {
+    *why = "tool call has no \"name\"";
+    return false;
+  }
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  auto a = j.find("arguments");
+  if (a == j.end()) a = j.find("parameters");
+  if (a != j.end()) {
+    args = *a;
+    if (args.is_string()) {  // some models quote the arguments object
+      args = nlohmann::ordered_json::parse(a->get<std::string>(), nullptr, false);
+      if (args.is_discarded()) {
+        *why = "tool call arguments are not JSON";
+        return false;
+      }
+    }
+  }
+  if (!args.is_object()) {
+    *why = "tool call arguments are not an object";
+    return false;
+  }
+  const std::string n = name->get<std::string>();
+  const auto tool = std::find_if(tools.begin(), tools.end(), [&](const ChatTool& t) { return t.name == n; });
+  if (tool == tools.end()) {
+    *why = "unknown tool \"" + n + "\"";
+    return false;
+  }
+  Status st = ValidateJsonSchema(args, tool->parameters);
+  if (!st.ok()) {
+    *why = "arguments of \"" + n + "\" do not match its input_schema: " + st.message();
+    return false;
+  }
+  call->name = n;
+  call->arguments = std::move(args);
+  return true;
+}
+
+OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
+  std::erase_if(opts_.stop_sequences, [](const std::string& s) { return s.empty(); });
+  if (opts_.start_in_reasoning) {
+    mode_ = Mode::kReasoning;
+  } else if (!opts_.tool_call_prefill.empty()) {
+    mode_ = Mode::kToolCall;
+    std::string_view p = opts_.tool_call_prefill;
+    if (p.substr(0, kToolOpen.size()) == kToolOpen) p.remove_prefix(kToolOpen.size());
+    tool_buf_ = p;
+  }
+}
+
+void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
+  if (skip_ws_) {
+    while (!s.empty() && IsWs(s.front())) s.remove_prefix(1);
+    if (s.empty()) return;
+    skip_ws_ = false;
+  }
+  // Hold trailing whitespace: it is dropped if a tool call or the end follows.
+  size_t end = s.size();
+  while (end > 0 && IsWs(s[end - 1])) --end;
+  if (end == 0) {
+    held_ws_ += s;
+    return;
+  }
+  std::string text = std::move(held_ws_);
+  held_ws_.assign(s.substr(end));
+  text += s.substr(0, end);
+  if (!out->empty() && out->back().kind == ParsedEvent::Kind::kText) {
+    out->back().text += text;
+  } else {
+    out->push_back({ParsedEvent::Kind::kText, std::move(text), {}});
+  }
+}
+
+void OutputParser::EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out) {
+  if (s.empty()) return;
+  if (!out->empty() && out->back().kind == ParsedEvent::Kind::kReasoning) {
+    out->back().text += s;
+  } else {
+    out->push_back({ParsedEvent::Kind::kReasoning, std::string(s), {}});
+  }
+}
+
+void OutputParser::CompleteToolCall(const std::string& body, std::vector<ParsedEvent>* out) {
+  ParsedEvent ev;
+  std::string why;
+  if (ParseToolCall(body, opts_.tools, &ev.call, &why)) {
+    ev.kind = ParsedEvent::Kind::kToolCall;
+    out->push_back(std::move(ev));
+    ++tool_calls_;
+  } else {
+    // Not a valid call: the client sees what the model wrote.
+    held_ws_.clear();
+    EmitText(std::string(kToolOpen) + body + std::string(kToolClose), out);
+  }
+  skip_ws_ = true;
+  held_ws_.clear();
+}
+
+void OutputParser::Feed(std::string_view text, std::vector<ParsedEvent>* out) {
+  if (stopped_) return;
+  buf_ += text;
+  Process(out, false);
+}
+
+void OutputParser::Finish(std::vector<ParsedEvent>* out) {
+  if (stopped_) return;
+  Process(out, true);
+}
+
+void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
+  while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
+    switch (mode_) {
+      case Mode::kReasoning: {
+        const size_t end = buf_.find(kThinkEnd);
+        if (end != std::string::npos) {
+          EmitReasoning(std::string_view(buf_).substr(0, end), out);
+          buf_.erase(0, end + kThinkEnd.size());
+          mode_ = Mode::kContent;
+          skip_ws_ = true;
+          continue;
+        }
+        const size_t keep = final ? 0 : PartialSuffix(buf_, kThinkEnd);
+        EmitReasoning(std::string_view(buf_).substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        return;
+      }
+      case Mode::kContent: {
+        if (skip_ws_ && opts_.parse_tool_calls) {
+          // At the start of the answer: a bare JSON object may be an untagged tool call.
+          size_t i = 0;
+          while (i < buf_.size() && IsWs(buf_[i])) ++i;
+          buf_.erase(0, i);
+          if (buf_.empty()) return;
+          if (buf_[0] == '{') {
+            mode_ = Mode::kBareJson;
+            tool_buf_.clear();
+            json_depth_ = 0;
+            json_in_string_ = json_escape_ = false;
+            continue;
+          }
+        }
+        // The earliest marker: a stop sequence or a tool call opening.
+        size_t best = std::string::npos;
+        size_t best_len = 0;
+        int which = -1;  // -1 tool call, else stop sequence index
+        if (opts_.parse_tool_calls) {
+          best = buf_.find(kToolOpen);
+          best_len = kToolOpen.size();
+        }
+        for (size_t i = 0; i < opts_.stop_sequences.size(); ++i) {
+          const size_t p = buf_.find(opts_.stop_sequences[i]);
+          if (p != std::string::npos && (best == std::string::npos || p < best)) {
+            best = p;
+            best_len = opts_.stop_sequences[i].size();
+            which = static_cast<int>(i);
+          }
+        }
+        if (best != std::string::npos) {
+          EmitText(std::string_view(buf_).substr(0, best), out);
+          if (which >= 0) {
+            stopped_ = true;
+            matched_stop_ = opts_.stop_sequences[which];
+            buf_.clear();
+            held_ws_.clear();
+            return;
+          }
+          held_ws_.clear();
+          buf_.erase(0, best + best_len);
+          mode_ = Mode::kToolCall;
+          tool_buf_.clear();
+          continue;
+        }
+        size_t keep = 0;
+        if (!final) {
+          if (opts_.parse_tool_calls) keep = PartialSuffix(buf_, kToolOpen);
+          for (const std::string& s : opts_.stop_sequences) keep = std::max(keep, PartialSuffix(buf_, s));
+        }
+        EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        if (final) held_ws_.clear();
+        return;
+      }
+      case Mode::kBareJson: {
+        size_t i = 0;
+        bool closed = false;
+        for (; i < buf_.size() && !closed; ++i) {
+          const char c = buf_[i];
+          if (json_in_string_) {
+            if (json_escape_) json_escape_ = false;
+            else if (c == '\\') json_escape_ = true;
+            else if (c == '"') json_in_string_ = false;
+          } else if (c == '"') {
+            json_in_string_ = true;
+          } else if (c == '{') {
+            ++json_depth_;
+          } else if (c == '}') {
+            closed = --json_depth_ == 0;
+          }
+        }
+        tool_buf_.append(buf_, 0, i);
+        buf_.erase(0, i);
+        if (!closed && !final) return;
+        const std::string body = std::move(tool_buf_);
+        tool_buf_.clear();
+        mode_ = Mode::kContent;
+        ParsedEvent ev;
+        std::string why;
+        if (closed && ParseToolCall(body, opts_.tools, &ev.call, &why)) {
+          ev.kind = ParsedEvent::Kind::kToolCall;
+          out->push_back(std::move(ev));
+          ++tool_calls_;
+          skip_ws_ = true;
+        } else {
+          EmitText(body, out);  // plain JSON the model answered with
+          if (final) held_ws_.clear();
+        }
+        continue;
+      }
+      case Mode::kToolCall: {
+        tool_buf_ += buf_;
+        buf_.clear();
+        const size_t end = tool_buf_.find(kToolClose);
+        if (end != std::string::npos) {
+          buf_ = tool_buf_.substr(end + kToolClose.size());
+          const std::string body = tool_buf_.substr(0, end);
+          tool_buf_.clear();
+          mode_ = Mode::kContent;
+          CompleteToolCall(body, out);
+          continue;
+        }
+        if (final) {
+          const std::string body = std::move(tool_buf_);
+          tool_buf_.clear();
+          mode_ = Mode::kContent;
+          CompleteToolCall(body, out);
+          held_ws_.clear();
+        }
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace mr::server

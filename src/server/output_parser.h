@@ -1,0 +1,83 @@
+// Splits generated text, as it streams, into reasoning, visible text and tool calls.
+//
+//   reasoning  — text before "</think>" when the turn starts inside a prompted <think> section
+//                (see docs/api.md, "thinking"). Tool-call markup in there is never parsed: it
+//                stays literal reasoning text.
+//   text       — everything else, with stop sequences cut (generation stops at the first one) and
+//                whitespace around tool calls and at the end trimmed.
+//   tool calls — `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Hermes
+//                convention), parsed once complete and validated against the tool's input
+//                schema; a call that does not parse or validate is passed on as literal text.
+//                Small models often drop the tags: a bare JSON object
+//                `{"name": ..., "arguments": ...}` at the start of the answer (or right after a
+//                call) that names a tool and validates is a call too; any other JSON is text.
+//
+// Text that may be the start of a marker ("</think>", "<tool_call>", a stop sequence) is held
+// back until it is decided, so nothing has to be taken back from a client. Input must be fed in
+// whole UTF-8 characters. Not thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/chat_format.h"
+
+namespace mr::server {
+
+struct ParsedEvent {
+  enum class Kind { kText, kReasoning, kToolCall };
+  Kind kind = Kind::kText;
+  std::string text;   // kText, kReasoning
+  ChatToolCall call;  // kToolCall (id left empty; the API layer names it)
+};
+
+class OutputParser {
+ public:
+  struct Options {
+    bool start_in_reasoning = false;
+    bool parse_tool_calls = false;
+    std::vector<ChatTool> tools;  // for name and schema validation
+    std::vector<std::string> stop_sequences;
+    // The start of a forced tool call placed at the end of the prompt (the model continues
+    // inside it), e.g. "<tool_call>\n{\"name\": \"". The parser starts inside the call.
+    std::string tool_call_prefill;
+  };
+
+  explicit OutputParser(Options opts);
+
+  void Feed(std::string_view text, std::vector<ParsedEvent>* out);
+  // End of generation: flush what was held back (an unterminated tool call is parsed as if closed).
+  void Finish(std::vector<ParsedEvent>* out);
+
+  bool in_reasoning() const { return mode_ == Mode::kReasoning; }
+  bool stopped() const { return stopped_; }  // a stop sequence matched: generation must stop
+  const std::string& matched_stop_sequence() const { return matched_stop_; }
+  int tool_calls() const { return tool_calls_; }
+
+ private:
+  enum class Mode { kReasoning, kContent, kToolCall, kBareJson };
+  void Process(std::vector<ParsedEvent>* out, bool final);
+  void EmitText(std::string_view s, std::vector<ParsedEvent>* out);
+  void EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out);
+  void CompleteToolCall(const std::string& body, std::vector<ParsedEvent>* out);
+
+  Options opts_;
+  Mode mode_ = Mode::kContent;
+  std::string buf_;        // undecided input
+  std::string tool_buf_;   // body of the open tool call (or of a bare JSON object)
+  int json_depth_ = 0;     // kBareJson: brace depth, string state
+  bool json_in_string_ = false;
+  bool json_escape_ = false;
+  std::string held_ws_;    // trailing whitespace of the text, emitted once more text follows
+  bool skip_ws_ = true;    // drop whitespace at the start of text
+  bool stopped_ = false;
+  std::string matched_stop_;
+  int tool_calls_ = 0;
+};
+
+// Parses a tool call body `{"name": ..., "arguments": {...}}` and validates it against `tools`.
+// Returns false with *why set when it is not a valid call.
+bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, ChatToolCall* call, std::string* why);
+
+}  // namespace mr::server

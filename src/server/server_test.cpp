@@ -1,0 +1,444 @@
+// Unit tests of the server layer that need no model: output parser, schema check, chat
+// rendering (against the Qwen2.5 GGUF's template when it is pulled), request parsing, the SSE
+// writers, signatures.
+#include <gtest/gtest.h>
+
+#include "model/chat_format.h"
+#include "model/gguf.h"
+#include "model/test_models.h"
+#include "server/anthropic_api.h"
+#include "server/http_server.h"
+#include "server/json_schema.h"
+#include "server/openai_api.h"
+#include "server/output_parser.h"
+#include "server/signing.h"
+
+namespace mr::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+ChatTool WeatherTool() {
+  ChatTool t;
+  t.name = "get_weather";
+  t.description = "Weather for a city";
+  t.parameters = Json::parse(R"({"type": "object", "properties": {"city": {"type": "string"},
+      "when": {"type": "object", "properties": {"day": {"type": "integer"}}, "required": ["day"]}},
+      "required": ["city"]})");
+  return t;
+}
+
+// Feeds `chunks` one by one and collects the events (merged per kind run).
+std::vector<ParsedEvent> FeedAll(OutputParser& p, const std::vector<std::string>& chunks) {
+  std::vector<ParsedEvent> out;
+  for (const std::string& c : chunks) p.Feed(c, &out);
+  p.Finish(&out);
+  std::vector<ParsedEvent> merged;
+  for (ParsedEvent& e : out) {
+    if (!merged.empty() && merged.back().kind == e.kind && e.kind != ParsedEvent::Kind::kToolCall) {
+      merged.back().text += e.text;
+    } else {
+      merged.push_back(std::move(e));
+    }
+  }
+  return merged;
+}
+
+// Every split of `text` into two chunks must give the same events.
+void ExpectSplitInvariant(const OutputParser::Options& opts, const std::string& text) {
+  OutputParser whole(opts);
+  const auto want = FeedAll(whole, {text});
+  for (size_t i = 1; i < text.size(); ++i) {
+    OutputParser p(opts);
+    const auto got = FeedAll(p, {text.substr(0, i), text.substr(i)});
+    ASSERT_EQ(got.size(), want.size()) << "split at " << i;
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].kind, want[k].kind) << "split at " << i;
+      EXPECT_EQ(got[k].text, want[k].text) << "split at " << i;
+      EXPECT_EQ(got[k].call.name, want[k].call.name);
+      EXPECT_EQ(got[k].call.arguments, want[k].call.arguments);
+    }
+  }
+}
+
+TEST(OutputParser, PlainTextTrimsAndPassesThrough) {
+  OutputParser p({});
+  const auto ev = FeedAll(p, {"\n Hello", ", world", "!\n\n"});
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kText);
+  EXPECT_EQ(ev[0].text, "Hello, world!");
+}
+
+TEST(OutputParser, StopSequenceAcrossChunks) {
+  OutputParser::Options o;
+  o.stop_sequences = {"END", "\n\nUser:"};
+  OutputParser p(o);
+  std::vector<ParsedEvent> out;
+  p.Feed("one two E", &out);
+  EXPECT_FALSE(p.stopped());
+  p.Feed("N", &out);
+  p.Feed("D three", &out);
+  EXPECT_TRUE(p.stopped());
+  EXPECT_EQ(p.matched_stop_sequence(), "END");
+  std::string text;
+  for (auto& e : out) text += e.text;
+  EXPECT_EQ(text, "one two");
+  ExpectSplitInvariant(o, "alpha\n\nUser: beta");
+}
+
+TEST(OutputParser, ToolCallParsedAndValidated) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string text =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"when\": {\"day\": 2}}}\n</tool_call>";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {text});
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].text, "Let me check.");
+  ASSERT_EQ(ev[1].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[1].call.name, "get_weather");
+  EXPECT_EQ(ev[1].call.arguments["when"]["day"], 2);
+  EXPECT_EQ(p.tool_calls(), 1);
+  ExpectSplitInvariant(o, text);
+}
+
+TEST(OutputParser, InvalidToolCallStaysText) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  // Nested schema violation: when.day must be an integer.
+  const std::string bad = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\", \"when\": {\"day\": \"two\"}}}</tool_call>";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {bad});
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kText);
+  EXPECT_EQ(ev[0].text, bad);
+  EXPECT_EQ(p.tool_calls(), 0);
+  OutputParser q(o);  // unknown tool
+  const auto ev2 = FeedAll(q, {"<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>"});
+  ASSERT_EQ(ev2.size(), 1u);
+  EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kText);
+}
+
+// Regression: tool-call markup inside reasoning is never turned into a call.
+TEST(OutputParser, ToolCallMarkupInsideReasoningStaysReasoning) {
+  OutputParser::Options o;
+  o.start_in_reasoning = true;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string text = "I could write " + call + " here.</think>\n\nThe answer.";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {text});
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kReasoning);
+  EXPECT_EQ(ev[0].text, "I could write " + call + " here.");
+  EXPECT_EQ(ev[1].kind, ParsedEvent::Kind::kText);
+  EXPECT_EQ(ev[1].text, "The answer.");
+  EXPECT_EQ(p.tool_calls(), 0);
+  ExpectSplitInvariant(o, text);
+  // Unterminated reasoning at the end stays reasoning too.
+  OutputParser q(o);
+  const auto ev2 = FeedAll(q, {"thinking " + call});
+  ASSERT_EQ(ev2.size(), 1u);
+  EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kReasoning);
+  EXPECT_EQ(q.tool_calls(), 0);
+}
+
+TEST(OutputParser, ForcedToolCallPrefillAndUnterminatedCall) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  o.tool_call_prefill = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {"{\"city\": \"Oslo\"}}"});  // the model ended without </tool_call>
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[0].call.arguments["city"], "Oslo");
+}
+
+// Qwen2.5-Coder-0.5B answered Claude Code with an untagged call; it must still be a call.
+TEST(OutputParser, BareJsonToolCallAtStart) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string text = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}\\\"b\"}}\n";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {text});
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[0].call.arguments["city"], "a}\"b");
+  ExpectSplitInvariant(o, text);
+  // JSON that is not a call stays text, as does JSON after text.
+  OutputParser q(o);
+  const auto ev2 = FeedAll(q, {"{\"answer\": 42} and {\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}"});
+  ASSERT_EQ(ev2.size(), 1u);
+  EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kText);
+  ExpectSplitInvariant(o, "{\"answer\": 42} and more");
+  // Without tools nothing is held back.
+  OutputParser r({});
+  const auto ev3 = FeedAll(r, {"{\"name\": \"get_weather\", \"arguments\": {}}"});
+  ASSERT_EQ(ev3.size(), 1u);
+  EXPECT_EQ(ev3[0].kind, ParsedEvent::Kind::kText);
+}
+
+TEST(JsonSchema, NestedTypesRequiredEnumItems) {
+  const Json schema = Json::parse(R"({"type": "object", "required": ["a"], "properties": {
+      "a": {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["x", "y"]}}}},
+      "n": {"type": ["integer", "null"]}}, "additionalProperties": false})");
+  EXPECT_TRUE(ValidateJsonSchema(Json::parse(R"({"a": [{"k": "x"}], "n": null})"), schema).ok());
+  EXPECT_TRUE(ValidateJsonSchema(Json::parse(R"({"a": [], "n": 3})"), schema).ok());
+  const Status s1 = ValidateJsonSchema(Json::parse(R"({"a": [{"k": "z"}]})"), schema);
+  EXPECT_FALSE(s1.ok());
+  EXPECT_NE(s1.message().find("$.a[0].k"), std::string::npos) << s1.message();
+  EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"n": 1})"), schema).ok());
+  EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"a": [], "n": 1.5})"), schema).ok());
+  EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"a": [], "extra": 1})"), schema).ok());
+}
+
+TEST(ChatFormat, PyJsonDumpsMatchesPython) {
+  const Json j = Json::parse(R"({"b": 1, "a": [true, null, "x\"y\n"], "c": {"é": 2.5}})");
+  EXPECT_EQ(PyJsonDumps(j), "{\"b\": 1, \"a\": [true, null, \"x\\\"y\\n\"], \"c\": {\"é\": 2.5}}");
+}
+
+// Qwen2.5's own template, rendered by hand from its Jinja text for this conversation.
+TEST(ChatFormat, QwenToolsAndToolResultsMatchTemplate) {
+  const std::string path = FindModelFile("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+  if (path.empty()) GTEST_SKIP() << "qwen2.5-coder-0.5b-instruct is not pulled";
+  auto f = gguf::GgufFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  ChatTool tool;
+  tool.name = "read";
+  tool.description = "Read a file";
+  tool.parameters = Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})");
+  ChatRenderOptions opts;
+  opts.tools = {tool};
+  ChatToolCall call;
+  call.name = "read";
+  call.arguments = Json::parse(R"({"path": "a.txt"})");
+  std::vector<ChatMessage> msgs = {{"user", "Show a.txt", {}, {}},
+                                   {"assistant", "", {call}, {}},
+                                   {"tool", "hello", {}, "t1"},
+                                   {"system", "Be brief.", {}, {}}};
+  const std::string got = RenderChat(DetectChatFamily(**f), **f, msgs, opts);
+  const std::string want =
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
+      "You may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"read\", \"description\": \"Read a file\", \"parameters\": "
+      "{\"type\": \"object\", \"properties\": {\"path\": {\"type\": \"string\"}}, \"required\": [\"path\"]}}}\n"
+      "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+      "</tool_call><|im_end|>\n"
+      "<|im_start|>user\nShow a.txt<|im_end|>\n"
+      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\n<tool_response>\nhello\n</tool_response><|im_end|>\n"
+      "<|im_start|>system\nBe brief.<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  EXPECT_EQ(got, want);
+}
+
+StreamEvent Ev(StreamEvent::Kind kind, const std::string& text) {
+  StreamEvent e;
+  e.kind = kind;
+  e.text = text;
+  return e;
+}
+
+ServedModel FakeServed() {
+  ServedModel sm;
+  sm.id = "test-model";
+  sm.signing_key = "k";
+  sm.n_ctx = 1024;
+  return sm;
+}
+
+std::optional<ApiError> ParseA(const std::string& body, ChatRequest* req = nullptr, AnthropicOptions* o = nullptr) {
+  ChatRequest r;
+  AnthropicOptions opts;
+  return ParseAnthropicRequest(Json::parse(body), FakeServed(), false, req ? req : &r, o ? o : &opts);
+}
+
+TEST(AnthropicParse, ClaudeCodeShapesAreAccepted) {
+  ChatRequest req;
+  AnthropicOptions o;
+  const auto e = ParseA(R"({"model": "claude-opus-5-5", "max_tokens": 128000, "stream": true,
+    "thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "medium"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "metadata": {"user_id": "u"}, "some_future_field": 1,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+               {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}},
+              {"name": "Later", "description": "d", "input_schema": {"type": "object"}, "defer_loading": true}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+                 {"role": "system", "content": "reminder"}]})",
+                        &req, &o);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_TRUE(o.stream);
+  EXPECT_TRUE(o.thinking_omitted);
+  EXPECT_EQ(req.thinking_budget, 0);  // adaptive + medium: no reasoning section
+  ASSERT_EQ(req.messages.size(), 3u);
+  EXPECT_EQ(req.messages[0].content, "You are Claude Code.");
+  EXPECT_EQ(req.messages[2].role, "system");
+  ASSERT_EQ(req.render.tools.size(), 1u);  // the deferred tool is not shown
+  EXPECT_EQ(req.max_tokens, 128000);
+}
+
+TEST(AnthropicParse, RefusalsNameTheField) {
+  auto msg = [](const std::string& body) {
+    auto e = ParseA(body);
+    return e ? e->message : std::string("accepted");
+  };
+  const std::string base = R"("model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_NE(msg("{" + base + R"(, "output_config": {"format": {"type": "json_schema"}}})").find("output_config.format"), std::string::npos);
+  EXPECT_NE(msg("{" + base + R"(, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})").find("tools[0].type"), std::string::npos);
+  EXPECT_NE(msg(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})").find("max_tokens"), std::string::npos);
+  EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})")
+                .find("text-only"), std::string::npos);
+  EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "d"}, "citations": {"enabled": true}}]}]})")
+                .find("citations"), std::string::npos);
+  EXPECT_NE(msg("{" + base + R"(, "thinking": {"type": "enabled", "budget_tokens": 10}})").find("budget_tokens"), std::string::npos);
+  EXPECT_EQ(msg("{" + base + R"(, "thinking": {"type": "enabled", "budget_tokens": 5}})"), "accepted");
+  // A thinking block whose signature is not ours.
+  EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "forged"}, {"type": "text", "text": "b"}]},
+      {"role": "user", "content": "c"}]})").find("signature"), std::string::npos);
+  const std::string good_sig = SignThinking("k", "test-model", "t");
+  EXPECT_EQ(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ")" + good_sig + R"("},
+      {"type": "redacted_thinking", "data": "xyz"}, {"type": "text", "text": "b"}]},
+      {"role": "user", "content": "c"}]})"), "accepted");
+}
+
+TEST(AnthropicParse, ToolResultsNestedContentAndErrors) {
+  ChatRequest req;
+  const auto e = ParseA(R"({"model": "m", "max_tokens": 5, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+    "messages": [{"role": "user", "content": "go"},
+                 {"role": "assistant", "content": [{"type": "text", "text": "ok"}, {"type": "tool_use", "id": "toolu_1", "name": "t", "input": {"a": [1]}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": true,
+                   "content": [{"type": "text", "text": "boom"}, {"type": "text", "text": "again"}]}, {"type": "text", "text": "and?"}]}]})",
+                        &req);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  ASSERT_EQ(req.messages.size(), 4u);
+  EXPECT_EQ(req.messages[1].tool_calls.at(0).arguments["a"][0], 1);
+  EXPECT_EQ(req.messages[2].role, "tool");
+  EXPECT_EQ(req.messages[2].content, "Error: boom\nagain");
+  EXPECT_EQ(req.messages[3].content, "and?");
+}
+
+// Parses an SSE stream into (event, data) pairs.
+std::vector<std::pair<std::string, Json>> ParseSse(const std::string& s) {
+  std::vector<std::pair<std::string, Json>> out;
+  size_t pos = 0;
+  while ((pos = s.find("event: ", pos)) != std::string::npos) {
+    const size_t nl = s.find('\n', pos);
+    const std::string name = s.substr(pos + 7, nl - pos - 7);
+    const size_t data = s.find("data: ", nl);
+    const size_t end = s.find("\n\n", data);
+    out.emplace_back(name, Json::parse(s.substr(data + 6, end - data - 6)));
+    pos = end;
+  }
+  return out;
+}
+
+TEST(AnthropicWriter, EventSequenceWithThinkingAndToolUse) {
+  ServedModel sm = FakeServed();
+  AnthropicOptions o;
+  o.model = "claude-x";
+  AnthropicWriter w(sm, o, 42);
+  std::string sse = w.Start();
+  StreamEvent r = Ev(StreamEvent::Kind::kReasoning, "hmm");
+  sse += w.Event(r);
+  StreamEvent t = Ev(StreamEvent::Kind::kText, "Hi");
+  sse += w.Event(t);
+  StreamEvent c = Ev(StreamEvent::Kind::kToolCall, "");
+  c.call.name = "get_weather";
+  c.call.arguments = Json::parse(R"({"city": "Paris"})");
+  sse += w.Event(c);
+  StreamEvent d;
+  d.kind = StreamEvent::Kind::kDone;
+  d.finish = FinishReason::kToolUse;
+  d.output_tokens = 17;
+  sse += w.Event(d);
+  const auto ev = ParseSse(sse);
+  std::vector<std::string> names;
+  for (auto& [n, j] : ev) names.push_back(n == "content_block_delta" ? "delta:" + j["delta"]["type"].get<std::string>() : n);
+  const std::vector<std::string> want = {"message_start", "content_block_start", "delta:thinking_delta", "delta:signature_delta",
+                                         "content_block_stop", "content_block_start", "delta:text_delta", "content_block_stop",
+                                         "content_block_start", "delta:input_json_delta", "content_block_stop",
+                                         "message_delta", "message_stop"};
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(ev[0].second["message"]["usage"]["input_tokens"], 42);
+  EXPECT_EQ(ev[0].second["message"]["model"], "claude-x");
+  EXPECT_EQ(ev[3].second["delta"]["signature"], SignThinking("k", "test-model", "hmm"));
+  EXPECT_EQ(ev[8].second["index"], 2);
+  EXPECT_EQ(ev[9].second["delta"]["partial_json"], "{\"city\":\"Paris\"}");
+  EXPECT_EQ(ev[11].second["delta"]["stop_reason"], "tool_use");
+  EXPECT_EQ(ev[11].second["usage"]["output_tokens"], 17);
+  const Json msg = w.Message();
+  EXPECT_EQ(msg["content"].size(), 3u);
+  EXPECT_EQ(msg["content"][0]["thinking"], "hmm");
+  EXPECT_EQ(msg["content"][2]["input"]["city"], "Paris");
+  EXPECT_EQ(msg["stop_reason"], "tool_use");
+}
+
+TEST(OpenAIWriter, ChunksEndWithUsageAndDone) {
+  OpenAIOptions o;
+  o.stream = true;
+  o.include_usage = true;
+  o.model = "m";
+  OpenAIWriter w(o, 5);
+  std::string s = w.Start();
+  StreamEvent t = Ev(StreamEvent::Kind::kText, "Hi");
+  s += w.Event(t);
+  StreamEvent d;
+  d.kind = StreamEvent::Kind::kDone;
+  d.finish = FinishReason::kMaxTokens;
+  d.output_tokens = 1;
+  s += w.Event(d);
+  EXPECT_NE(s.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(s.find("\"total_tokens\":6"), std::string::npos);
+  EXPECT_EQ(s.substr(s.size() - 14), "data: [DONE]\n\n");
+  EXPECT_EQ(w.Completion()["choices"][0]["message"]["content"], "Hi");
+}
+
+TEST(Errors, StatusAndBodies) {
+  EXPECT_EQ(HttpStatus(ApiErrorType::kOverloaded), 529);
+  EXPECT_EQ(HttpStatus(ApiErrorType::kRequestTooLarge), 413);
+  const Json a = Json::parse(AnthropicErrorBody({ApiErrorType::kNotFound, "x"}));
+  EXPECT_EQ(a["type"], "error");
+  EXPECT_EQ(a["error"]["type"], "not_found_error");
+  const Json o = Json::parse(OpenAIErrorBody({ApiErrorType::kInvalidRequest, "bad"}));
+  EXPECT_EQ(o["error"]["message"], "bad");
+  EXPECT_EQ(o["error"]["type"], "invalid_request_error");
+}
+
+TEST(Signing, VerifiesOnlyUnchangedBlocks) {
+  const std::string sig = SignThinking("key", "m", "text");
+  EXPECT_TRUE(VerifyThinking("key", "m", "text", sig));
+  EXPECT_FALSE(VerifyThinking("key", "m", "text2", sig));
+  EXPECT_FALSE(VerifyThinking("key2", "m", "text", sig));
+  EXPECT_FALSE(VerifyThinking("key", "m2", "text", sig));
+  EXPECT_NE(RandomSigningKey(), RandomSigningKey());
+}
+
+TEST(Utf8, CompletePrefix) {
+  EXPECT_EQ(CompleteUtf8Prefix("abc"), 3u);
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3\xA9"), 3u);
+  EXPECT_EQ(CompleteUtf8Prefix("\xE2\x82"), 0u);
+  EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98\x80"), 4u);
+}
+
+TEST(HostHeader, LoopbackNames) {
+  EXPECT_TRUE(IsLoopbackHostHeader("localhost:8080"));
+  EXPECT_TRUE(IsLoopbackHostHeader("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHostHeader("[::1]:80"));
+  EXPECT_TRUE(IsLoopbackHostHeader("app.localhost"));
+  EXPECT_FALSE(IsLoopbackHostHeader("evil.com"));
+  EXPECT_FALSE(IsLoopbackHostHeader("localhost.evil.com:8080"));
+}
+
+}  // namespace
+}  // namespace mr::server

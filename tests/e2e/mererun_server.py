@@ -1,0 +1,55 @@
+"""A `mererun serve` process for end-to-end tests: started on a free port (--port 0), its
+stderr kept in a log file (tests read it to see cancellations), stopped with SIGTERM."""
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class ServerProcess:
+    def __init__(self, binary: Path, model: str, *args, env=None, startup_timeout=120):
+        self.log_path = Path(tempfile.mkstemp(prefix="mererun-serve-", suffix=".log")[1])
+        full_env = dict(os.environ)
+        full_env.setdefault("MERERUN_LOG", "info")
+        if env:
+            full_env.update(env)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([str(binary), "serve", "-m", model, "--port", "0", *map(str, args)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        deadline = time.time() + startup_timeout
+        self.port = None
+        while time.time() < deadline:
+            m = re.search(r"listening on http://[^:]+:(\d+)", self.log())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mererun serve exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError(f"mererun serve did not start in {startup_timeout}s:\n{self.log()}")
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout=30.0) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if re.search(pattern, self.log()):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
