@@ -31,7 +31,10 @@ constexpr int64_t kQ8Block = kQ8Group * kQ8Tile;  // bytes of one (tile, group) 
 // 32 (two FP32 scales per weight group) lowers the fast path's mean KL to the reference by ~20%
 // on SmolLM2 but flips the greedy first token of the "capital of France" check (a 0.11-logit
 // tie in the reference path), so 64 stays the default (docs/architecture.md).
-constexpr int64_t kActGroup = 64;
+#ifndef MERERUN_ACT_GROUP
+#define MERERUN_ACT_GROUP 64
+#endif
+constexpr int64_t kActGroup = MERERUN_ACT_GROUP;
 static_assert(kActGroup == 32 || kActGroup == 64, "kernels split a weight group into 1 or 2 activation groups");
 constexpr int64_t kActPerWeightGroup = kQ8Group / kActGroup;
 
