@@ -28,8 +28,8 @@ bool CpuSupports(CpuVariant v);
 // many rows tiles are taken in L2-sized chunks: the blocked GEMM path of prefill).
 struct KernelTable {
   CpuVariant variant;
-  // x (n_rows, cols) FP32 -> q (n_rows, cols) int8 + scales (n_rows, cols/32), symmetric per
-  // 32-group (kActGroup): scale = amax/127, q = round(x/scale).
+  // x (n_rows, cols) FP32 -> q (n_rows, cols) int8 + scales (n_rows, cols/kActGroup), symmetric
+  // per group: scale = amax/127, q = round(x/scale).
   void (*quantize_acts)(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
   // y[r * ldy + o] = sum_i w[o][i] * xdeq[r][i] for r < n_rows and o in the tiles' outputs.
   void (*matmul_q8)(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,

@@ -39,12 +39,14 @@ QMatrix QuantizeQ8(const float* w, int64_t rows, int64_t cols, QuantError* err) 
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
       m.scales[o * (cols / kQ8Group) + g] = sb;
       int8_t* dst = m.q.data() + o * cols + g * kQ8Group;
-      for (int i = 0; i < kQ8Group; ++i) {
+      for (int i = 0; i < kQ8Group; ++i) {  // branch-free: the compiler vectorizes it
         float v = RoundNearestEven(src[i] * inv);
         v = v > 127 ? 127 : (v < -127 ? -127 : v);
         dst[i] = static_cast<int8_t>(v);
-        if (err) {
-          const double e = static_cast<double>(src[i]) - static_cast<double>(v) * scale;
+      }
+      if (err) {
+        for (int i = 0; i < kQ8Group; ++i) {
+          const double e = static_cast<double>(src[i]) - static_cast<double>(dst[i]) * scale;
           err_sq += e * e;
           w_sq += static_cast<double>(src[i]) * src[i];
           const double ae = std::fabs(e);

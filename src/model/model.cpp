@@ -102,6 +102,7 @@ Status Model::LoadWeights() {
     constexpr int64_t kChunk = 64;  // a multiple of kQ8Tile
     const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
     std::vector<Status> errors(pool_->size());
+    const bool want_stats = MR_LOG_ENABLED(kDebug);
     std::vector<double> err_sq(pool_->size(), 0), w_sq(pool_->size(), 0), err_max(pool_->size(), 0);
     pool_->ParallelFor(n_chunks, [&](int64_t b, int64_t e, int th) {
       std::vector<float> buf(static_cast<size_t>(kChunk * cols));
@@ -111,8 +112,8 @@ Status Model::LoadWeights() {
           Status st = DequantizeRow(t->type, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
           if (!st.ok()) { errors[th] = st; return; }
         }
-        QuantError qe;
-        QMatrix part = QuantizeQ8(buf.data(), nr, cols, &qe);
+        QuantError qe;  // conversion error statistics cost a pass of doubles: only for debug logs
+        QMatrix part = QuantizeQ8(buf.data(), nr, cols, want_stats ? &qe : nullptr);
         PackRowsInto(part, r0, out);
         const double n = static_cast<double>(nr * cols);
         err_sq[th] += qe.rms * qe.rms * n;

@@ -29,7 +29,7 @@ float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) 
   float acc = 0;
   for (int64_t g = 0; g < w.groups(); ++g) {
     const float sw = Bf16ToF32(w.scales[w.scale_index(o, g)]);
-    for (int64_t a = 2 * g; a < 2 * g + 2; ++a) {  // the two activation groups of this weight group
+    for (int64_t a = g * kActPerWeightGroup; a < (g + 1) * kActPerWeightGroup; ++a) {  // activation groups of g
       int32_t dot = 0;
       for (int64_t i = a * kActGroup; i < (a + 1) * kActGroup; ++i) dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
       acc += static_cast<float>(dot) * (sw * xsr[a]);

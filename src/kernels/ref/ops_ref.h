@@ -26,7 +26,7 @@ void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, 
 // KernelTable::attention (ops.h), scalar.
 void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
                   int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
-// Per row, per 32-group (kActGroup) symmetric int8 quantization: scale = amax/127, q = round(x/scale).
+// Per row, per kActGroup-input group symmetric int8 quantization: scale = amax/127, q = round(x/scale).
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 
 // out = x / rms(x) * w over n elements (out may alias x).

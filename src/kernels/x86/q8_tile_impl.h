@@ -8,8 +8,8 @@
 //
 // Packed layout (q8.h): a 32-byte chunk holds 4 inputs for the 8 outputs of a tile, so
 // broadcasting 4 activation bytes and Dot-ing gives 8 per-output partial sums in 8 lanes.
-// Per (tile, 32-input half of a group): int32 lane sums, then one FMA per activation row:
-// acc[r] += float(isum[r]) * (wscale[8 lanes] * xscale[r, 32-group]).  FP32 accumulation.
+// Per (tile, activation group): int32 lane sums, then one FMA per activation row:
+// acc[r] += float(isum[r]) * (wscale[8 lanes] * xscale[r, activation group]).  FP32 accumulation.
 #pragma once
 
 #include <immintrin.h>
@@ -63,11 +63,12 @@ inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols
       }
     }
     const __m256 ws = LoadScales8(sc);
-    for (int half = 0; half < 2; ++half) {  // activation groups 2g and 2g+1 (32 inputs each)
+    constexpr int kChunks = 16 / mr::kActPerWeightGroup;  // 32-byte chunks per activation group
+    for (int half = 0; half < mr::kActPerWeightGroup; ++half) {  // activation groups of weight group g
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int k = 8 * half; k < 8 * half + 8; ++k) {
+#pragma GCC unroll 16
+      for (int k = kChunks * half; k < kChunks * (half + 1); ++k) {
         if (kPrefetchBytes > 0 && (k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
 #pragma GCC unroll 4
@@ -79,7 +80,7 @@ inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m256 s = _mm256_mul_ps(ws, _mm256_set1_ps(xs[r * agroups + 2 * g + half]));
+        const __m256 s = _mm256_mul_ps(ws, _mm256_set1_ps(xs[r * agroups + mr::kActPerWeightGroup * g + half]));
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), s, acc[r]);
       }
     }
