@@ -1,6 +1,7 @@
 #include "runtime/generator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -27,8 +28,10 @@ SamplingParams ModelDefaultSampling(const Model& model) {
     case Arch::kGemma3: s = {1.0f, 64, 0.95f, 0.0f}; break;
     case Arch::kQwen2: s = {0.7f, 20, 0.8f, 0.0f}; break;
     case Arch::kLlama: {
-      const std::string name = f.GetString("general.name").value_or("");
-      if (name.find("SmolLM2") != std::string::npos) s = {0.2f, 0, 0.9f, 0.0f};
+      // general.name varies in case ("Smollm2 135M 8k ..." in the catalog's file).
+      std::string name = f.GetString("general.name").value_or("");
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (name.find("smollm2") != std::string::npos) s = {0.2f, 0, 0.9f, 0.0f};
       break;
     }
   }

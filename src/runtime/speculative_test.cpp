@@ -311,7 +311,7 @@ TEST_F(SpecGeneratorTest, GreedyNgramAndSelfDraftMatchPlainForEveryK) {
   for (const char* text : kPrompts) {
     const auto prompt = model_->tokenizer().Encode(text, true, false);
     gen.ResetCache();
-    const auto want = Collect(gen, prompt, Greedy(24, nullptr, 0, false));
+    const auto want = Collect(gen, prompt, Greedy(16, nullptr, 0, false));
     ASSERT_GE(want.size(), 8u) << text;  // may stop early at end-of-generation
     for (Drafter* d : std::initializer_list<Drafter*>{&ngram, self.value().get(), &chain}) {
       for (auto [k, adaptive] : {std::pair{3, false}, std::pair{7, false}, std::pair{7, true}}) {
@@ -319,7 +319,7 @@ TEST_F(SpecGeneratorTest, GreedyNgramAndSelfDraftMatchPlainForEveryK) {
         if (d != &ngram && (adaptive || (k == 3) != (d == self.value().get()))) continue;
         gen.ResetCache();
         GenerateStats st;
-        EXPECT_EQ(Collect(gen, prompt, Greedy(24, d, k, adaptive), &st), want)
+        EXPECT_EQ(Collect(gen, prompt, Greedy(16, d, k, adaptive), &st), want)
             << d->name() << " k=" << k << (adaptive ? " auto" : "") << " prompt: " << text;
         accepted += st.accepted;
         if (d == self.value().get() && !adaptive) {
@@ -328,7 +328,7 @@ TEST_F(SpecGeneratorTest, GreedyNgramAndSelfDraftMatchPlainForEveryK) {
       }
     }
   }
-  EXPECT_GT(accepted, 50);
+  EXPECT_GT(accepted, 30);
 }
 
 TEST_F(SpecGeneratorTest, CallbackStopMidRunRollsBackTheCache) {
@@ -378,7 +378,12 @@ TEST_F(SpecGeneratorTest, SampledSpeculationRunsAndWarmUpCalibrates) {
   GenerateStats st;
   const auto out = Collect(gen, model_->tokenizer().Encode(kPrompts[1], true, false), p, &st);
   EXPECT_EQ(static_cast<int64_t>(out.size()), st.generated);
-  EXPECT_EQ(st.plain_steps + st.spec_steps + 1 >= 1, true);
+  // Every emitted token comes from the first sample, a plain step, or a verify (accepted + 1);
+  // k is clamped to the token budget, so without an early end-of-generation nothing is cut.
+  EXPECT_GT(st.plain_steps + st.spec_steps, 0);
+  if (st.stop == StopCause::kMaxTokens) {
+    EXPECT_EQ(st.generated, 1 + st.plain_steps + st.spec_steps + st.accepted);
+  }
   EXPECT_LE(st.accepted, st.drafted);
 }
 
@@ -395,11 +400,11 @@ TEST(SpecQwen, DraftModelGreedyMatchesPlain) {
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   Generator gen(*target.value(), 256);
   const auto prompt = target.value()->tokenizer().Encode("def is_prime(n):\n", false, false);
-  const auto want = Collect(gen, prompt, Greedy(12, nullptr, 0, false));
+  const auto want = Collect(gen, prompt, Greedy(10, nullptr, 0, false));
   for (int k : {3, 7}) {
     gen.ResetCache();
     GenerateStats st;
-    EXPECT_EQ(Collect(gen, prompt, Greedy(12, drafter.value().get(), k, false), &st), want) << "k=" << k;
+    EXPECT_EQ(Collect(gen, prompt, Greedy(10, drafter.value().get(), k, false), &st), want) << "k=" << k;
     EXPECT_GT(st.accepted, 0);
   }
 }
