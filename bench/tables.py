@@ -18,8 +18,8 @@ def bench_tables(j):
     out.append("| threads | read GB/s median (wall) | best (wall) | median by thread CPU time |")
     out.append("|---|---|---|---|")
     for b in m["mem_bandwidth"]:
-        out.append(f"| {b['threads']} | {b['gbps_median']:.1f} | {b['gbps_max']:.1f} | "
-                   (f"{b['gbps_cpu_median']:.1f}" if "gbps_cpu_median" in b else "not recorded") + " |")
+        cpu = f"{b['gbps_cpu_median']:.1f}" if "gbps_cpu_median" in b else "not recorded"
+        out.append(f"| {b['threads']} | {b['gbps_median']:.1f} | {b['gbps_max']:.1f} | {cpu} |")
     out.append("")
     out.append(f"Q8/g64 matmul ({m['matmul']['cpu_variant']}), weight GB/s wall"
                + (" / by thread CPU time" if "gbps_cpu" in m["matmul"]["points"][0] else "") + ":\n")

@@ -390,7 +390,8 @@ void PrintTable(const json& j) {
     }
     std::printf("\n");
   }
-  std::printf("\n%-28s %-16s %3s %9s %9s %8s %7s %7s %7s\n", "model", "engine", "thr", "prefill/s", "decode/s",
+  if (!j["models"].empty()) {
+    std::printf("\n%-28s %-16s %3s %9s %9s %8s %7s %7s %7s\n", "model", "engine", "thr", "prefill/s", "decode/s",
               "roofline", "v2/v1", "v4/v1", "v8/v1");
   auto row = [](const std::string& model, const std::string& engine, const json& r) {
     auto ratio = [&](const char* n) {
@@ -418,12 +419,12 @@ void PrintTable(const json& j) {
       if (m["llamacpp"].contains("error")) std::printf("  llama.cpp: %s\n", m["llamacpp"]["error"].get<std::string>().c_str());
     }
   }
+  }
   std::printf("\nload average (1 min) %.1f at start, %.1f at end on %d logical CPUs\n", j["load_average_start"].get<double>(),
               j["load_average_end"].get<double>(), j["cpu"]["logical_cpus"].get<int>());
   std::printf("roofline: decode tok/s as %% of (roofline bandwidth at that thread count / weight bytes per token)\n"
               "roofline bandwidth: the better of the best wall-clock repetition and the median by thread CPU time\n"
-              "vN/v1: time of an N-row verify step (all logits) over a 1-row step at context %d\n",
-              j["models"].empty() ? 0 : j["models"][0]["verify_context"].get<int>());
+              "vN/v1: time of an N-row verify step (all logits) over a 1-row step at the context reached after decode\n");
 }
 
 }  // namespace
