@@ -9,7 +9,8 @@ checked separately, on the captured body (test_server_tools.py::test_claude_code
 Environment: ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY (any value unless the server has --api-key),
 DISABLE_TELEMETRY=1, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1, API_TIMEOUT_MS (long prefill),
 a throwaway HOME. Claude Code asks for max_tokens 128000 and samples at the model's default
-temperature; --max-output-tokens 200 bounds a rambling answer of the small model."""
+temperature; --temp 0 makes the small model deterministic and --max-output-tokens 200 bounds
+a rambling answer."""
 import json
 import os
 import re
@@ -33,14 +34,15 @@ def test_claude_code_print_mode_reads_a_file(mererun_bin, model_path, repo_root,
     home = tmp_path / "home"
     home.mkdir()
     server = ServerProcess(mererun_bin, "qwen2.5-coder-0.5b-instruct", "-c", "8192", "--api-key", "smoke-key",
-                           "--max-output-tokens", "200")
+                           "--max-output-tokens", "200", "--temp", "0")
     try:
         env = dict(os.environ, HOME=str(home), ANTHROPIC_BASE_URL=server.base_url, ANTHROPIC_API_KEY="smoke-key",
                    DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", API_TIMEOUT_MS="1800000")
         env.pop("ANTHROPIC_AUTH_TOKEN", None)
         proc = subprocess.run(
             [str(claude), "-p", "Read the file notes.txt and tell me the secret word.", "--bare",
-             "--system-prompt", f"You are a coding assistant. Use the Read tool to read files. Paths are relative to {work}.",
+             "--system-prompt", f"You are a coding assistant working in {work}. To answer questions about a file, first call the "
+             "Read tool with its absolute path, then answer from its content.",
              "--tools", "Read", "--allowedTools", "Read", "--output-format", "json"],
             cwd=work, env=env, capture_output=True, text=True, timeout=1800)
         log = server.log()
