@@ -140,6 +140,10 @@ struct HttpServer::Impl {
               }
             }
           }
+        },
+        // Also when the provider never ran (the connection failed before the headers went out).
+        [p](bool success) {
+          if (!success) p->job->cancelled = true;
         });
   }
 
