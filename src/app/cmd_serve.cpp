@@ -1,5 +1,5 @@
 // `mererun serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c CTX] [--api-key KEY] [-t N]
-//  [--signing-key KEY] [--max-queue N] [--max-body-bytes N]`: the HTTP server (src/server/).
+//  [--signing-key KEY] [--max-queue N] [--max-body-bytes N] [--max-output-tokens N] [--temp T]`: the HTTP server (src/server/).
 #include <pthread.h>
 #include <signal.h>
 
@@ -29,9 +29,11 @@ int CmdServe(const Args& args) {
   std::string signing_key = cli.Get("", "--signing-key");
   const int max_queue = std::atoi(cli.Get("", "--max-queue", "16").c_str());
   const long long max_body = std::atoll(cli.Get("", "--max-body-bytes", "33554432").c_str());
+  const long long max_output = std::atoll(cli.Get("", "--max-output-tokens", "0").c_str());
+  const std::string temp = cli.Get("", "--temp");  // default temperature for requests without one
   if (!cli.Finish("serve")) return 2;
-  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 1 || max_body < 1024 || n_ctx_arg < 0) {
-    std::fprintf(stderr, "mererun serve: bad --port, --max-queue, --max-body-bytes or -c value\n");
+  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 1 || max_body < 1024 || n_ctx_arg < 0 || max_output < 0) {
+    std::fprintf(stderr, "mererun serve: bad --port, --max-queue, --max-body-bytes, --max-output-tokens or -c value\n");
     return 2;
   }
   sopts.max_body_bytes = static_cast<size_t>(max_body);
@@ -56,7 +58,9 @@ int CmdServe(const Args& args) {
   if (std::filesystem::exists(sm.id)) sm.id = std::filesystem::path(sm.id).stem().string();
   sm.family = DetectChatFamily(model->file());
   sm.default_sampling = ModelDefaultSampling(*model);
+  if (!temp.empty()) sm.default_sampling.temperature = std::strtof(temp.c_str(), nullptr);
   sm.n_ctx = n_ctx;
+  sm.max_output_tokens = max_output;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = signing_key.empty() ? server::RandomSigningKey() : signing_key;
 

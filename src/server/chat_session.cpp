@@ -49,7 +49,7 @@ bool EventChannel::Pop(StreamEvent* ev, std::chrono::milliseconds timeout) {
   return true;
 }
 
-std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out) {
+std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
   if (req.thinking_budget > 0) {
     req.render.system_suffix += kThinkInstruction;
     req.render.assistant_prefix += "<think>\n";
@@ -60,11 +60,13 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   out->prompt = sm.model->tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/sm.family != ChatFamily::kNone);
   const int64_t n = static_cast<int64_t>(out->prompt.size());
   const int64_t max_prompt = sm.n_ctx - 1;
+  if (!for_generation) return std::nullopt;
   if (n > max_prompt)
     return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) + " maximum");
   if (n == 0) return InvalidRequest("the prompt is empty");
   const int64_t room = sm.n_ctx - n;
   out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
+  if (sm.max_output_tokens > 0) out->max_tokens = std::min(out->max_tokens, sm.max_output_tokens);
 
   SamplingParams s = sm.default_sampling;
   if (req.temperature) s.temperature = *req.temperature;

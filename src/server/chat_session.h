@@ -46,6 +46,7 @@ struct ServedModel {
   ChatFamily family = ChatFamily::kChatML;
   SamplingParams default_sampling;
   int64_t n_ctx = 0;
+  int64_t max_output_tokens = 0;  // > 0: every request's max_tokens is clamped to this too
   int64_t created_unix = 0;
   std::string signing_key;  // HMAC key for thinking signatures
 };
@@ -59,9 +60,10 @@ struct PreparedChat {
   bool single_tool_call = false;
 };
 
-// Renders and tokenizes. Errors: a prompt longer than the context (400 "prompt is too long:
-// N tokens > M maximum"). max_tokens beyond the context is clamped, never refused.
-std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out);
+// Renders and tokenizes. Errors (when `for_generation`; count_tokens counts any length): a
+// prompt longer than the context (400 "prompt is too long: N tokens > M maximum"). max_tokens
+// beyond the context is clamped, never refused.
+std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation = true);
 
 enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancelled };
 

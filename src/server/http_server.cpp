@@ -140,6 +140,10 @@ struct HttpServer::Impl {
               }
             }
           }
+        },
+        // Also when the provider never ran (the connection failed before the headers went out).
+        [p](bool success) {
+          if (!success) p->job->cancelled = true;
         });
   }
 
@@ -154,7 +158,7 @@ struct HttpServer::Impl {
       return SetError(res, Api::kAnthropic, *e);
     }
     PreparedChat prepared;
-    if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kAnthropic, *e);
+    if (auto e = PrepareChat(sm, std::move(chat), &prepared, !count_only)) return SetError(res, Api::kAnthropic, *e);
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
     if (count_only) {
       res.set_content(Json({{"input_tokens", n_prompt}}).dump(), "application/json");
