@@ -106,6 +106,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
   base.scales.resize(static_cast<size_t>(rows * (cols / kQ8Group)));
   for (int8_t& q : base.q) q = static_cast<int8_t>(static_cast<int>(rng.Next() % 255) - 127);
   for (uint16_t& s : base.scales) s = F32ToBf16(0.001f + 0.01f * std::abs(rng.Uniform()));
+  base = PackQ8(base);  // the kernels read the tile-interleaved layout
   const int64_t n_copies = std::max<int64_t>(2, (rotate_bytes + static_cast<int64_t>(base.bytes()) - 1) /
                                                     static_cast<int64_t>(base.bytes()));
   std::vector<QMatrix> copies(static_cast<size_t>(n_copies), base);
@@ -114,7 +115,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
   std::vector<float> x(static_cast<size_t>(max_rows * cols));
   for (float& v : x) v = rng.Uniform();
   std::vector<int8_t> xq(x.size());
-  std::vector<float> xs(static_cast<size_t>(max_rows * (cols / kQ8Group)));
+  std::vector<float> xs(static_cast<size_t>(max_rows * (cols / kActGroup)));
   kernels.quantize_acts(x.data(), max_rows, cols, xq.data(), xs.data());
   std::vector<float> y(static_cast<size_t>(max_rows * rows));
 
@@ -125,7 +126,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
     for (int it = 0; it < iters + static_cast<int>(n_copies); ++it) {  // first pass over the copies warms up
       const QMatrix& w = copies[static_cast<size_t>(it % n_copies)];
       const auto t0 = std::chrono::steady_clock::now();
-      pool.ParallelFor(rows, [&](int64_t b, int64_t e, int thread) {
+      pool.ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int thread) {
         const double c0 = ThreadCpuSeconds();
         kernels.matmul_q8(w, xq.data(), xs.data(), n, y.data(), rows, b, e);
         cpu_s[static_cast<size_t>(thread)] = ThreadCpuSeconds() - c0;
