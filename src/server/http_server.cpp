@@ -91,6 +91,9 @@ struct HttpServer::Impl {
   // Non-streaming: wait for the outcome, watching the socket; false when the client left.
   template <typename Writer>
   bool Collect(Pending& p, Writer& w, StreamEvent* last) {
+    // The socket is checked every 100 ms whether or not events arrive: a fast model produces
+    // tokens more often than that, and the check must not depend on a quiet channel.
+    auto next_check = Clock::now();
     for (;;) {
       StreamEvent ev;
       if (p.channel->Pop(&ev, std::chrono::milliseconds(100))) {
@@ -99,9 +102,13 @@ struct HttpServer::Impl {
           return !p.job->cancelled;
         }
         w.Event(ev);
-      } else if (!p.job->cancelled && PeerClosed(p.fd)) {
-        MR_LOGI("http", "client went away; cancelling its generation");
-        p.job->cancelled = true;
+      }
+      if (Clock::now() >= next_check) {
+        next_check = Clock::now() + std::chrono::milliseconds(100);
+        if (!p.job->cancelled && PeerClosed(p.fd)) {
+          MR_LOGI("http", "client went away; cancelling its generation");
+          p.job->cancelled = true;
+        }
       }
     }
   }
