@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/bench_env.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/chat_format.h"
@@ -146,32 +147,6 @@ bool LoadWorkload(const fs::path& path, Workload* w, std::string* err) {
   return true;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string Shell(const char* cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd, "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string CpuName() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 fs::path DefaultWorkloadDir() {
   // <repo>/bench/workloads next to build/bin/mererun, else relative to the working directory.
   std::error_code ec;
@@ -232,7 +207,7 @@ int CmdQualifySpeed(const Args& args) {
   int64_t n_ctx = 0;
   for (Workload& w : workloads) {
     if (max_tokens_arg > 0) w.max_tokens = max_tokens_arg;
-    const std::string text = family == ChatFamily::kNone ? w.text : RenderChat(family, model->file(), {{"user", w.text}});
+    const std::string text = family == ChatFamily::kNone ? w.text : RenderChat(family, model->file(), {ChatMessage{"user", w.text, {}, {}}});
     w.prompt = tok.Encode(text, true, family != ChatFamily::kNone);
     n_ctx = std::max<int64_t>(n_ctx, static_cast<int64_t>(w.prompt.size()) + w.max_tokens + 8);
   }
@@ -401,10 +376,11 @@ int CmdQualifySpeed(const Args& args) {
   json env = json::object();
   for (const char* name : {"MERERUN_THREADS", "MERERUN_CPU", "MERERUN_DRAFT_TOKENS", "MERERUN_PATH", "MERERUN_LOG", "OMP_NUM_THREADS"})
     if (const char* v = std::getenv(name)) env[name] = v;
+  const json git = GitInfo();
   json report = {{"tool", "mererun qualify speed"},
-                 {"commit", Shell("git rev-parse HEAD 2>/dev/null")},
-                 {"dirty", !Shell("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
-                 {"cpu", CpuName()},
+                 {"commit", git["commit"]},
+                 {"dirty", git["dirty"]},
+                 {"cpu", CpuInfo()},
                  {"cpu_variant", CpuVariantName(model->cpu_variant())},
                  {"threads", model->n_threads()},
                  {"model", margs.model},
