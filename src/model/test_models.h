@@ -6,7 +6,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
+#include <memory>
 #include <string>
+
+#include "base/status.h"
+#include "model/model.h"
 
 namespace mr {
 
@@ -42,6 +46,19 @@ inline std::string FindModelFileAny(std::initializer_list<const char*> names) {
     if (!p.empty()) return p;
   }
   return "";
+}
+
+// The smallest catalog model, which most real-model unit tests use.
+inline constexpr const char* kSmolLM2File = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Loads a pulled model file on the fast path with n_threads. A null pointer (not an error) when
+// the file is not pulled, so the caller can GTEST_SKIP; a file that fails to load is an error.
+inline Result<std::unique_ptr<Model>> LoadPulledModel(const std::string& file_name, int n_threads = 2) {
+  const std::string path = FindModelFile(file_name);
+  if (path.empty()) return std::unique_ptr<Model>();
+  LoadOptions opts;
+  opts.n_threads = n_threads;
+  return Model::Load(path, opts);
 }
 
 }  // namespace mr

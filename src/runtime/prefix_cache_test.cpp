@@ -129,12 +129,9 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesWithinTheBudget) {
 }
 
 TEST(PrefixCache, RestoredKvContinuesLikeAColdPrefillOnARealModel) {
-  const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
-  if (path.empty()) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
-  LoadOptions lo;
-  lo.n_threads = 2;
-  auto m = Model::Load(path, lo);
+  auto m = LoadPulledModel(kSmolLM2File);
   ASSERT_TRUE(m.ok()) << m.status().message();
+  if (*m == nullptr) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
   Model& model = **m;
   std::vector<TokenId> prompt = model.tokenizer().Encode(
       "You are a helpful assistant. The user asks about the history of the printing press, "

@@ -161,13 +161,9 @@ TEST(Sampler, DrawFrequenciesFollowTheDistribution) {
 class GeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (path.empty()) return;
-    LoadOptions opts;
-    opts.n_threads = 2;
-    auto m = Model::Load(path, opts);
+    auto m = LoadPulledModel(kSmolLM2File);
     ASSERT_TRUE(m.ok()) << m.status().message();
-    model_ = std::move(m).value().release();
+    model_ = m->release();
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -70,13 +70,10 @@ class RecordedDists : public ::testing::Test {
   static constexpr SamplingParams kQ = {1.5f, 6, 1.0f, 0.0f};
 
   static void SetUpTestSuite() {
-    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (path.empty()) return;
-    LoadOptions opts;
-    opts.n_threads = 2;
-    auto m = Model::Load(path, opts);
-    ASSERT_TRUE(m.ok());
-    Model& model = *m.value();
+    auto m = LoadPulledModel(kSmolLM2File);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    if (*m == nullptr) return;
+    Model& model = **m;
     const int64_t nv = model.config().n_vocab;
     const auto ctx = model.tokenizer().Encode("My favourite animal is the", true, false);
     KvCache kv = model.NewKvCache(64);
@@ -260,13 +257,9 @@ TEST(CostController, PicksKFromMeasuredCostsFallsBackAndProbes) {
 class SpecGeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (path.empty()) return;
-    LoadOptions opts;
-    opts.n_threads = 2;
-    auto m = Model::Load(path, opts);
-    ASSERT_TRUE(m.ok());
-    model_ = std::move(m).value().release();
+    auto m = LoadPulledModel(kSmolLM2File);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = m->release();
   }
   static void TearDownTestSuite() { delete model_; model_ = nullptr; }
   void SetUp() override {
