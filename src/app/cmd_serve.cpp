@@ -1,5 +1,7 @@
 // `mererun serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c CTX] [--api-key KEY] [-t N]
-//  [--signing-key KEY] [--max-queue N] [--max-body-bytes N] [--max-output-tokens N] [--temp T]`: the HTTP server (src/server/).
+//  [--signing-key KEY] [--max-active N] [--max-queue N] [--max-queued-tokens N] [--step-rows N]
+//  [--prefill-chunk N] [--prefix-cache-mb N] [--no-warmup] [--max-body-bytes N]
+//  [--max-output-tokens N] [--temp T]`: the HTTP server (src/server/).
 #include <pthread.h>
 #include <signal.h>
 
@@ -28,12 +30,21 @@ int CmdServe(const Args& args) {
   const int64_t n_ctx_arg = std::atoll(cli.Get("-c", "--ctx", "0").c_str());
   std::string signing_key = cli.Get("", "--signing-key");
   const int max_queue = std::atoi(cli.Get("", "--max-queue", "16").c_str());
+  const int max_active = std::atoi(cli.Get("", "--max-active", "8").c_str());
+  const long long max_queued_tokens = std::atoll(cli.Get("", "--max-queued-tokens", "1048576").c_str());
+  const long long step_rows = std::atoll(cli.Get("", "--step-rows", "64").c_str());
+  const long long prefill_chunk = std::atoll(cli.Get("", "--prefill-chunk", "256").c_str());
+  const long long prefix_cache_mb = std::atoll(cli.Get("", "--prefix-cache-mb", "1024").c_str());
+  const bool no_warmup = cli.Flag("--no-warmup");
   const long long max_body = std::atoll(cli.Get("", "--max-body-bytes", "33554432").c_str());
   const long long max_output = std::atoll(cli.Get("", "--max-output-tokens", "0").c_str());
   const std::string temp = cli.Get("", "--temp");  // default temperature for requests without one
   if (!cli.Finish("serve")) return 2;
-  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 1 || max_body < 1024 || n_ctx_arg < 0 || max_output < 0) {
-    std::fprintf(stderr, "mererun serve: bad --port, --max-queue, --max-body-bytes, --max-output-tokens or -c value\n");
+  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 0 || max_active < 1 || max_queued_tokens < 1 ||
+      step_rows < 1 || prefill_chunk < 1 || prefix_cache_mb < 0 || max_body < 1024 || n_ctx_arg < 0 || max_output < 0) {
+    std::fprintf(stderr,
+                 "mererun serve: bad --port, --max-active, --max-queue, --max-queued-tokens, --step-rows, --prefill-chunk, "
+                 "--prefix-cache-mb, --max-body-bytes, --max-output-tokens or -c value\n");
     return 2;
   }
   sopts.max_body_bytes = static_cast<size_t>(max_body);
@@ -64,7 +75,18 @@ int CmdServe(const Args& args) {
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = signing_key.empty() ? server::RandomSigningKey() : signing_key;
 
-  server::Engine engine(*model, n_ctx, static_cast<size_t>(max_queue));
+  server::EngineOptions eopts;
+  eopts.n_ctx = n_ctx;
+  eopts.max_active = max_active;
+  eopts.max_queued = max_queue;
+  eopts.max_queued_tokens = max_queued_tokens;
+  eopts.step_rows = step_rows;
+  eopts.prefill_chunk = prefill_chunk;
+  eopts.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mb) << 20;
+  eopts.warm_up = !no_warmup;
+  server::ServerMetrics metrics;
+  sm.metrics = &metrics;
+  server::Engine engine(*model, eopts, &metrics);
   sm.engine = &engine;
   server::HttpServer http(sm, sopts);
 

@@ -354,6 +354,20 @@ void Model::RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa) {
   }
 }
 
+// Interim: one Forward per sequence (the reference semantics of the batched pass).
+Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
+  for (const BatchSeq& s : seqs) {
+    if (s.kv == nullptr || s.n <= 0) return InvalidArgument("[model] ForwardBatch: empty sequence");
+    if (s.kv->n_past + s.n > s.kv->n_ctx) return OutOfRange("[model] context overflow");
+  }
+  const int64_t n_vocab = cfg_.n_vocab;
+  for (const BatchSeq& s : seqs) {
+    MR_RETURN_IF_ERROR(Forward(*s.kv, s.tokens, s.n, s.all_logits, logits));
+    logits += (s.all_logits ? s.n : 1) * n_vocab;
+  }
+  return Status::Ok();
+}
+
 Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
   const ModelConfig& c = cfg_;
   if (n <= 0) return InvalidArgument("[model] Forward called with no tokens");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -102,6 +103,20 @@ class Model {
   // logits: if all_logits, (n, n_vocab) for every row; else (n_vocab) for the last row.
   // Fails (without touching the cache) when the context would overflow.
   Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits);
+
+  // Several sequences in one pass (batched decode, prefill chunks and verify rows together):
+  // every weight matrix is applied once to the rows of all sequences. seqs[i] runs
+  // tokens[0..n) at its cache's positions n_past.., as Forward would; the caches must be
+  // distinct. logits: for each sequence in order, n rows (all_logits) or its last row, each
+  // n_vocab wide. Fails without touching any cache when one would overflow or a token is out
+  // of range. Same numbers as calling Forward per sequence.
+  struct BatchSeq {
+    KvCache* kv = nullptr;
+    const TokenId* tokens = nullptr;
+    int64_t n = 0;
+    bool all_logits = false;
+  };
+  Status ForwardBatch(std::span<const BatchSeq> seqs, float* logits);
 
  private:
   Model();

@@ -20,6 +20,7 @@ enum class ApiErrorType {
 struct ApiError {
   ApiErrorType type = ApiErrorType::kApi;
   std::string message;
+  int retry_after_s = 0;  // > 0: sent as the retry-after header (429, 529)
 };
 
 inline ApiError InvalidRequest(std::string m) { return {ApiErrorType::kInvalidRequest, std::move(m)}; }

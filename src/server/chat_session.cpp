@@ -193,8 +193,11 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   job->on_token = [session](TokenId id) { return session->OnToken(id); };
   job->continuation = [session] { return session->Continuation(); };
   job->on_done = [session](const Result<JobResult>& r) { session->Done(r); };
-  if (!sm.engine->Submit(job))
-    return ApiError{ApiErrorType::kOverloaded, "the server is overloaded: too many queued requests; retry later"};
+  const SubmitResult sr = sm.engine->Submit(job);
+  if (sr.admit == sched::Admit::kQueueFull)
+    return ApiError{ApiErrorType::kRateLimit, "too many queued requests; retry later", sr.retry_after_s};
+  if (sr.admit == sched::Admit::kOverloaded)
+    return ApiError{ApiErrorType::kOverloaded, "the server is overloaded; retry later", sr.retry_after_s};
   *job_out = std::move(job);
   return std::nullopt;
 }

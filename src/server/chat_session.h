@@ -42,6 +42,7 @@ struct ChatRequest {
 struct ServedModel {
   Model* model = nullptr;
   Engine* engine = nullptr;
+  ServerMetrics* metrics = nullptr;  // optional
   std::string id;  // the name clients see (catalog name or file stem)
   ChatFamily family = ChatFamily::kChatML;
   SamplingParams default_sampling;

@@ -4,43 +4,90 @@
 
 namespace mr::server {
 
-Engine::Engine(Model& model, int64_t n_ctx, size_t max_queued)
-    : model_(model), n_ctx_(n_ctx), max_queued_(max_queued), generator_(model, n_ctx) {
-  thread_ = std::thread([this] { Loop(); });
+// Interim implementation (one job at a time through a Generator) behind the batched engine's
+// interface; replaced by the slot-and-scheduler engine.
+struct Engine::Impl {
+  Impl(Model& model, const EngineOptions& o, ServerMetrics* m)
+      : model_(model), n_ctx_(o.n_ctx), max_queued_(static_cast<size_t>(o.max_queued)), metrics(m), generator_(model, o.n_ctx) {}
+  void Loop();
+  Result<JobResult> Run(EngineJob& job);
+  void CancelAll();
+  Model& model_;
+  const int64_t n_ctx_;
+  const size_t max_queued_;
+  ServerMetrics* metrics;
+  Generator generator_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<EngineJob>> queue_;
+  std::shared_ptr<EngineJob> running_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+const char* EngineStateName(EngineState s) {
+  switch (s) {
+    case EngineState::kLoading: return "loading";
+    case EngineState::kReady: return "ready";
+    case EngineState::kStopping: return "stopping";
+  }
+  return "?";
+}
+
+Engine::Engine(Model& model, const EngineOptions& opts, ServerMetrics* metrics)
+    : model_(model), opts_(opts), impl_(std::make_unique<Impl>(model, opts, metrics)) {
+  impl_->thread_ = std::thread([this] { impl_->Loop(); });
+}
+
+EngineStatus Engine::Status() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  EngineStatus s;
+  s.state = impl_->stopping_ ? EngineState::kStopping : EngineState::kReady;
+  s.active = impl_->running_ ? 1 : 0;
+  s.queued = static_cast<int>(impl_->queue_.size());
+  s.max_active = 1;
+  s.max_queued = static_cast<int>(impl_->max_queued_);
+  s.n_ctx = impl_->n_ctx_;
+  return s;
 }
 
 Engine::~Engine() {
+  Impl* im = impl_.get();
   std::deque<std::shared_ptr<EngineJob>> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-    left.swap(queue_);
+    std::lock_guard<std::mutex> lock(im->mu_);
+    im->stopping_ = true;
+    left.swap(im->queue_);
   }
-  cv_.notify_all();
+  im->cv_.notify_all();
   for (auto& job : left) job->cancelled = true;
   CancelAll();
-  thread_.join();
+  im->thread_.join();
   for (auto& job : left)
-    if (job->on_done) job->on_done(Result<JobResult>(Status(ErrorCode::kInternal, "server is shutting down")));
+    if (job->on_done) job->on_done(Result<JobResult>(mr::Status(ErrorCode::kInternal, "server is shutting down")));
 }
 
-void Engine::CancelAll() {
+void Engine::CancelAll() { impl_->CancelAll(); }
+
+void Engine::Impl::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
   if (running_) running_->cancelled = true;
   for (auto& job : queue_) job->cancelled = true;
 }
 
-bool Engine::Submit(std::shared_ptr<EngineJob> job) {
+SubmitResult Engine::Submit(std::shared_ptr<EngineJob> job) {
+  Impl* im = impl_.get();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || queue_.size() >= max_queued_) return false;
-    queue_.push_back(std::move(job));
+    std::lock_guard<std::mutex> lock(im->mu_);
+    if (im->stopping_) return {sched::Admit::kOverloaded, 1};
+    if (im->queue_.size() >= im->max_queued_) return {sched::Admit::kQueueFull, 1};
+    im->queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
-  return true;
+  im->cv_.notify_one();
+  return {};
 }
 
-void Engine::Loop() {
+void Engine::Impl::Loop() {
   for (;;) {
     std::shared_ptr<EngineJob> job;
     {
@@ -58,7 +105,7 @@ void Engine::Loop() {
   }
 }
 
-Result<JobResult> Engine::Run(EngineJob& job) {
+Result<JobResult> Engine::Impl::Run(EngineJob& job) {
   JobResult res;
   res.prompt_tokens = static_cast<int64_t>(job.prompt.size());
   if (job.cancelled) {

@@ -1,12 +1,14 @@
-// The engine thread: the only owner of the Model's forward pass and of the Generator (its KV
-// cache). HTTP handler threads submit EngineJobs to a bounded FIFO queue; the engine runs one
-// job at a time and talks back only through the job's callbacks (which run on the engine
-// thread and must be quick: they decode and hand events to the request's channel).
+// The engine thread: the only owner of the Model's forward pass, the sequence slots (each with
+// its KV cache) and the prefix cache. HTTP handler threads submit EngineJobs; admission is
+// decided at once by the scheduling policy (sched/scheduler.h): queued, or refused with 429
+// (queue full) or 529 (overloaded / not ready) plus a retry-after estimate, at no model cost.
+// Each engine step runs the rows the policy planned — one decode row per active sequence plus
+// prefill chunks — as one batched forward pass, then samples each sequence's next token. The
+// engine talks back only through the job's callbacks (which run on the engine thread and must
+// be quick: they decode and hand events to the request's channel).
 //
-// Growth path (the scheduler issue): several Generators (sequence slots) and a batch step
-// instead of one Generate call per job; admission limits turn Submit's refusal into 429/529.
-//
-// Thread-safety: Submit and Cancel may be called from any thread.
+// Thread-safety: Submit, Status and CancelAll may be called from any thread; a job's
+// `cancelled` flag may be set from any thread (the engine drops the sequence at its next step).
 #pragma once
 
 #include <atomic>
@@ -22,21 +24,36 @@
 #include "base/status.h"
 #include "model/model.h"
 #include "runtime/generator.h"
+#include "sched/scheduler.h"
+#include "server/metrics.h"
 
 namespace mr::server {
 
+// An Anthropic cache_control breakpoint: the prompt prefix [0, end) is to be cached.
+struct CacheBreakpoint {
+  int64_t end = 0;         // tokens
+  bool one_hour = false;   // ttl "1h" (else "5m")
+};
+
 struct JobResult {
   int64_t prompt_tokens = 0;
-  int64_t reused_tokens = 0;  // of the first prompt: KV kept from the previous request
+  int64_t reused_tokens = 0;  // prompt tokens whose KV was reused (prefix cache or slot)
+  // Anthropic prompt-caching usage, from what happened in the cache; with input_tokens =
+  // prompt_tokens - cache_read - cache_creation_5m - cache_creation_1h they sum to the prompt.
+  int64_t cache_read_tokens = 0;        // = reused_tokens
+  int64_t cache_creation_5m_tokens = 0; // evaluated and stored under a 5m breakpoint
+  int64_t cache_creation_1h_tokens = 0; // evaluated and stored under a 1h breakpoint
   int64_t output_tokens = 0;  // generated + injected by continuations
   StopCause stop = StopCause::kMaxTokens;
-  double prefill_s = 0.0;
+  double queue_s = 0.0;       // submit -> slot
+  double prefill_s = 0.0;     // slot -> first generated token
   double decode_s = 0.0;
 };
 
 struct EngineJob {
   std::vector<TokenId> prompt;
   GenerateParams params;  // params.max_tokens bounds generated + injected tokens
+  std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end; may be empty
   // Engine thread: each generated token; false stops this generation.
   std::function<bool(TokenId)> on_token;
   // Engine thread, after on_token stopped a generation: tokens to append to the sequence
@@ -48,36 +65,59 @@ struct EngineJob {
   std::atomic<bool> cancelled{false};
 };
 
+struct EngineOptions {
+  int64_t n_ctx = 4096;             // per sequence
+  int max_active = 8;               // sequences decoding together (KV slots)
+  int max_queued = 16;              // waiting for a slot; beyond: 429
+  int64_t max_queued_tokens = 1 << 20;  // prompt tokens waiting; beyond: 529
+  int64_t step_rows = 64;           // rows per engine step, all sequences together
+  int64_t prefill_chunk = 256;      // rows one sequence prefills per step (cancellation point)
+  size_t prefix_cache_bytes = size_t{1} << 30;  // 0: no prefix cache
+  bool warm_up = true;              // one short generation before accepting requests
+};
+
+enum class EngineState { kLoading, kReady, kStopping };
+
+// A consistent snapshot for /health and /metrics.
+struct EngineStatus {
+  EngineState state = EngineState::kLoading;
+  int active = 0;
+  int queued = 0;
+  int max_active = 0;
+  int max_queued = 0;
+  int64_t n_ctx = 0;
+  double decode_tokens_per_s = 0.0;  // over the last ~10 s
+  size_t prefix_cache_bytes = 0;
+  int64_t prefix_cache_blocks = 0;
+  size_t kv_bytes_in_use = 0;        // KV rows held by active sequences
+};
+const char* EngineStateName(EngineState s);
+
+struct SubmitResult {
+  sched::Admit admit = sched::Admit::kQueued;
+  int retry_after_s = 0;  // when refused
+};
+
 class Engine {
  public:
-  Engine(Model& model, int64_t n_ctx, size_t max_queued);
-  ~Engine();  // finishes the running job's generation step, cancels queued ones, joins
+  // `metrics` (optional, not owned) receives the engine's observations.
+  Engine(Model& model, const EngineOptions& opts, ServerMetrics* metrics = nullptr);
+  ~Engine();  // cancels everything, finishes the current step, joins
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // False when the queue is full (the caller answers 529 overloaded).
-  bool Submit(std::shared_ptr<EngineJob> job);
-
-  // Cancels the running job and every queued one (shutdown).
-  void CancelAll();
+  SubmitResult Submit(std::shared_ptr<EngineJob> job);
+  void CancelAll();  // shutdown: cancels running and queued jobs
+  EngineStatus Status() const;
 
   Model& model() { return model_; }
-  int64_t n_ctx() const { return n_ctx_; }
+  int64_t n_ctx() const { return opts_.n_ctx; }
 
  private:
-  void Loop();
-  Result<JobResult> Run(EngineJob& job);
-
+  struct Impl;
   Model& model_;
-  const int64_t n_ctx_;
-  const size_t max_queued_;
-  Generator generator_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<EngineJob>> queue_;
-  std::shared_ptr<EngineJob> running_;
-  bool stopping_ = false;
-  std::thread thread_;
+  EngineOptions opts_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace mr::server

@@ -24,6 +24,7 @@ Api ApiOfPath(const std::string& path) {
 
 void SetError(httplib::Response& res, Api api, const ApiError& e) {
   res.status = HttpStatus(e.type);
+  if (e.retry_after_s > 0) res.set_header("retry-after", std::to_string(e.retry_after_s));
   res.set_content(api == Api::kOpenAI ? OpenAIErrorBody(e) : AnthropicErrorBody(e), "application/json");
 }
 
