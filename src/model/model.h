@@ -188,8 +188,8 @@ class Model {
   QActs qa_;
   const float* qa_src_ = nullptr;
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
-  std::vector<KvCache*> row_kv_;       // (rows) the cache of each row of the batch
-  std::vector<int64_t> row_pos_;        // (rows) its position
+  std::vector<KvCache*> row_kv_;   // (rows) the cache of each row of the batch
+  std::vector<int64_t> row_pos_;   // (rows) its position in that cache
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
   std::unordered_map<const QMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
