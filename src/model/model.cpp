@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
+
+#include <sys/mman.h>
 
 #include "base/half.h"
 #include "base/log.h"
@@ -12,11 +15,63 @@
 
 namespace mr {
 
+KvBuffer::KvBuffer(size_t n) : n_(n) {
+  if (n == 0) return;
+  void* p = mmap(nullptr, n * sizeof(uint16_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  p_ = static_cast<uint16_t*>(p);
+}
+
+KvBuffer& KvBuffer::operator=(KvBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) munmap(p_, n_ * sizeof(uint16_t));
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+KvBuffer::~KvBuffer() {
+  if (p_) munmap(p_, n_ * sizeof(uint16_t));
+}
+
+void KvBuffer::Release() {
+  // The mapping starts on a page; the kernel rounds the length up to whole pages. Private
+  // anonymous pages read as zero after MADV_DONTNEED, as in a fresh buffer.
+  if (p_) MR_CHECK(madvise(p_, n_ * sizeof(uint16_t), MADV_DONTNEED) == 0);
+}
+
+KvCache KvCache::Allocate(int64_t n_layer, int64_t n_ctx, int64_t kv_dim) {
+  MR_CHECK(n_layer >= 0 && n_ctx >= 0 && kv_dim >= 0);
+  KvCache kv;
+  kv.n_ctx = n_ctx;
+  kv.kv_dim = kv_dim;
+  kv.k.reserve(static_cast<size_t>(n_layer));
+  kv.v.reserve(static_cast<size_t>(n_layer));
+  for (int64_t l = 0; l < n_layer; ++l) {
+    kv.k.emplace_back(static_cast<size_t>(n_ctx * kv_dim));
+    kv.v.emplace_back(static_cast<size_t>(n_ctx * kv_dim));
+  }
+  return kv;
+}
+
 size_t KvCache::bytes() const {
   size_t b = 0;
   for (const auto& x : k) b += x.size() * 2;
   for (const auto& x : v) b += x.size() * 2;
   return b;
+}
+
+size_t KvCache::bytes_in_use() const {
+  return static_cast<size_t>(n_past) * static_cast<size_t>(kv_dim) * 2 * 2 * k.size();
+}
+
+void KvCache::Release() {
+  n_past = 0;
+  for (auto& x : k) x.Release();
+  for (auto& x : v) x.Release();
 }
 
 Model::Model() = default;
@@ -191,16 +246,7 @@ size_t Model::weight_bytes() const {
 }
 
 KvCache Model::NewKvCache(int64_t n_ctx) const {
-  KvCache kv;
-  kv.n_ctx = n_ctx;
-  kv.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
-  kv.k.resize(cfg_.n_layer);
-  kv.v.resize(cfg_.n_layer);
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    kv.k[l].assign(static_cast<size_t>(n_ctx * kv.kv_dim), 0);
-    kv.v[l].assign(static_cast<size_t>(n_ctx * kv.kv_dim), 0);
-  }
-  return kv;
+  return KvCache::Allocate(cfg_.n_layer, n_ctx, cfg_.n_head_kv * cfg_.head_dim);
 }
 
 void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
@@ -269,22 +315,25 @@ void Model::Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y) {
   MatmulQuantized(w, n_rows, y);
 }
 
-// out (n, n_head*hd): causal attention of q rows at positions pos0.. over the cache.
+// out (n, n_head*hd): causal attention of the batch's q rows, row t at position row_pos_[t]
+// over its own cache row_kv_[t] (positions up to row_pos_[t] are written for this layer).
 // Reference path: exact softmax per head, scalar.
-void Model::AttentionRef(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
+void Model::AttentionRef(int64_t layer, int64_t n, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
   const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
-  const uint16_t* K = kv.k[layer].data();
-  const uint16_t* V = kv.v[layer].data();
-  const int64_t n_ctx = kv.n_ctx;
-  att_.resize(static_cast<size_t>(pool_->size() * (n_ctx + hd)));
+  int64_t n_ctx = 0;
+  for (int64_t t = 0; t < n; ++t) n_ctx = std::max(n_ctx, row_kv_[t]->n_ctx);
+  if (att_.size() < static_cast<size_t>(pool_->size() * (n_ctx + hd))) att_.resize(static_cast<size_t>(pool_->size() * (n_ctx + hd)));
   pool_->ParallelFor(n * c.n_head, [&](int64_t b, int64_t e, int th) {
     float* scores = att_.data() + th * (n_ctx + hd);
     float* acc = scores + n_ctx;
     for (int64_t job = b; job < e; ++job) {
       const int64_t t = job / c.n_head, h = job % c.n_head, kh = h / group;
-      const int64_t p = pos0 + t;
+      const KvCache& kv = *row_kv_[t];
+      const uint16_t* K = kv.k[layer].data();
+      const uint16_t* V = kv.v[layer].data();
+      const int64_t p = row_pos_[t];
       const int64_t lo = swa ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
       const float* qv = q + t * q_dim + h * hd;
       for (int64_t j = lo; j <= p; ++j) {
@@ -306,14 +355,13 @@ void Model::AttentionRef(const KvCache& kv, int64_t layer, int64_t pos0, int64_t
 }
 
 // Fast path: one job per (row, KV head) runs the q heads of that group together, so each K/V
-// row is read once per group (kernels' attention: online softmax, vectorized). Jobs are dealt
-// round-robin so causal rows of different lengths balance across threads.
-void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out) {
+// row is read once per group (kernels' attention: online softmax, vectorized). All rows of all
+// sequences are one parallel op; jobs are dealt round-robin so rows of different lengths
+// (causal rows, sequences at different positions) balance across threads.
+void Model::Attention(int64_t layer, int64_t n, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
   const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
-  const uint16_t* K = kv.k[layer].data();
-  const uint16_t* V = kv.v[layer].data();
   const int64_t scratch = AttentionScratchFloats(group, hd);
   const int n_th = pool_->size();
   if (att_.size() < static_cast<size_t>(n_th * scratch)) att_.resize(static_cast<size_t>(n_th * scratch));
@@ -322,10 +370,12 @@ void Model::Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n,
     float* sc = att_.data() + th * scratch;
     for (int64_t job = b; job < jobs; job += n_th) {
       const int64_t t = job / c.n_head_kv, kh = job % c.n_head_kv;
-      const int64_t p = pos0 + t;
+      const KvCache& kv = *row_kv_[t];
+      const int64_t p = row_pos_[t];
       const int64_t lo = swa ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
-      kernels_->attention(q + t * q_dim + kh * group * hd, group, hd, K + kh * hd, V + kh * hd, kv.kv_dim, lo, p + 1,
-                          c.attn_scale, out + t * q_dim + kh * group * hd, sc);
+      kernels_->attention(q + t * q_dim + kh * group * hd, group, hd, kv.k[layer].data() + kh * hd,
+                          kv.v[layer].data() + kh * hd, kv.kv_dim, lo, p + 1, c.attn_scale,
+                          out + t * q_dim + kh * group * hd, sc);
     }
   });
 }
@@ -354,35 +404,67 @@ void Model::RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa) {
   }
 }
 
-// Interim: one Forward per sequence (the reference semantics of the batched pass).
-Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
-  for (const BatchSeq& s : seqs) {
-    if (s.kv == nullptr || s.n <= 0) return InvalidArgument("[model] ForwardBatch: empty sequence");
-    if (s.kv->n_past + s.n > s.kv->n_ctx) return OutOfRange("[model] context overflow");
-  }
-  const int64_t n_vocab = cfg_.n_vocab;
-  for (const BatchSeq& s : seqs) {
-    MR_RETURN_IF_ERROR(Forward(*s.kv, s.tokens, s.n, s.all_logits, logits));
-    logits += (s.all_logits ? s.n : 1) * n_vocab;
+// Validates a batch before anything is touched. Messages name the sequence when there are
+// several; a batch of one (Forward) gets Forward's messages.
+Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
+  if (seqs.empty()) return InvalidArgument("[model] ForwardBatch called with no sequences");
+  const bool many = seqs.size() > 1;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const BatchSeq& s = seqs[i];
+    // Built only on failure: validation of a good batch allocates nothing.
+    auto which = [&] { return many ? " (sequence " + std::to_string(i) + " of " + std::to_string(seqs.size()) + ")" : std::string(); };
+    if (s.kv == nullptr) return InvalidArgument("[model] ForwardBatch: null KV cache" + which());
+    if (s.n <= 0) {
+      return InvalidArgument(many ? "[model] ForwardBatch: " + std::to_string(s.n) + " tokens" + which() + ", expected at least 1"
+                                  : std::string("[model] Forward called with no tokens"));
+    }
+    if (s.tokens == nullptr) return InvalidArgument("[model] ForwardBatch: null tokens" + which());
+    for (size_t j = 0; j < i; ++j) {
+      if (seqs[j].kv == s.kv) {
+        return InvalidArgument("[model] ForwardBatch: sequences " + std::to_string(j) + " and " + std::to_string(i) +
+                               " share a KV cache; each sequence needs its own");
+      }
+    }
+    if (s.kv->n_past < 0 || s.kv->n_past + s.n > s.kv->n_ctx) {
+      return OutOfRange("[model] context overflow: " + std::to_string(s.kv->n_past + s.n) + " positions > " +
+                        std::to_string(s.kv->n_ctx) + which());
+    }
+    if (static_cast<int64_t>(s.kv->k.size()) != cfg_.n_layer || s.kv->kv_dim != cfg_.n_head_kv * cfg_.head_dim) {
+      return InvalidArgument("[model] KV cache" + which() + " was not made for this model: " + std::to_string(s.kv->k.size()) +
+                             " layers of " + std::to_string(s.kv->kv_dim) + ", expected " + std::to_string(cfg_.n_layer) +
+                             " of " + std::to_string(cfg_.n_head_kv * cfg_.head_dim));
+    }
+    for (int64_t t = 0; t < s.n; ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.n_vocab) {
+        return InvalidArgument("[model] token id " + std::to_string(s.tokens[t]) + " out of range [0, " +
+                               std::to_string(cfg_.n_vocab) + ")" + which());
+      }
+    }
   }
   return Status::Ok();
 }
 
 Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
+  const BatchSeq one{&kv, tokens, n, all_logits};
+  return ForwardBatch(std::span<const BatchSeq>(&one, 1), logits);
+}
+
+// The rows of all sequences are concatenated (sequence order, then position): every matmul
+// runs once over all of them, so each weight matrix is streamed once per step whatever the
+// number of sequences. Row-wise ops (norms, biases, RoPE at the row's own position, KV writes
+// into the row's own cache) and attention (each row against its own cache, via row_kv_ and
+// row_pos_) are per row, so a row's numbers do not depend on the batch it is in.
+Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
+  MR_RETURN_IF_ERROR(CheckBatch(seqs));
   const ModelConfig& c = cfg_;
-  if (n <= 0) return InvalidArgument("[model] Forward called with no tokens");
-  const int64_t pos0 = kv.n_past;
-  if (pos0 + n > kv.n_ctx) {
-    return OutOfRange("[model] context overflow: " + std::to_string(pos0 + n) + " positions > " + std::to_string(kv.n_ctx));
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) {
-      return InvalidArgument("[model] token id " + std::to_string(tokens[t]) + " out of range [0, " + std::to_string(c.n_vocab) + ")");
-    }
+  int64_t n = 0, n_out = 0;
+  for (const BatchSeq& s : seqs) {
+    n += s.n;
+    n_out += s.all_logits ? s.n : 1;
   }
   const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
   // Workspaces only grow: steady decode allocates nothing.
-  auto grow = [](std::vector<float>& v, int64_t size) {
+  auto grow = [](auto& v, int64_t size) {
     if (v.size() < static_cast<size_t>(size)) v.resize(static_cast<size_t>(size));
   };
   grow(x_, n * d);
@@ -393,15 +475,25 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
   grow(tmp_, n * std::max(d, q_dim));
   grow(gate_, n * c.d_ff);
   grow(up_, n * c.d_ff);
+  grow(row_kv_, n);
+  grow(row_pos_, n);
 
-  for (int64_t t = 0; t < n; ++t) {
-    if (ref_path_) {
-      const gguf::TensorInfo& e = *source_.at(&w_.tok_embd);
-      MR_CHECK(DequantizeRow(e.type, e.data + tokens[t] * e.row_bytes(), x_.data() + t * d, d).ok());
-    } else {
-      DequantizeQ8Row(w_.tok_embd, tokens[t], x_.data() + t * d);
+  {
+    int64_t r = 0;
+    for (const BatchSeq& s : seqs) {
+      for (int64_t t = 0; t < s.n; ++t, ++r) {
+        row_kv_[r] = s.kv;
+        row_pos_[r] = s.kv->n_past + t;
+        float* xr = x_.data() + r * d;
+        if (ref_path_) {
+          const gguf::TensorInfo& e = *source_.at(&w_.tok_embd);
+          MR_CHECK(DequantizeRow(e.type, e.data + s.tokens[t] * e.row_bytes(), xr, d).ok());
+        } else {
+          DequantizeQ8Row(w_.tok_embd, s.tokens[t], xr);
+        }
+        if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) xr[i] *= c.embed_scale;
+      }
     }
-    if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) x_[t * d + i] *= c.embed_scale;
   }
   const GluAct act = c.act == Activation::kSilu ? GluAct::kSilu : GluAct::kGeluTanh;
 
@@ -422,6 +514,7 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
       float* qr = q_.data() + t * q_dim;
       float* kr = k_.data() + t * kv_dim;
       float* vr = v_.data() + t * kv_dim;
+      const int64_t pos = row_pos_[t];
       if (c.qkv_bias) {
         for (int64_t i = 0; i < q_dim; ++i) qr[i] += L.bq[i];
         for (int64_t i = 0; i < kv_dim; ++i) { kr[i] += L.bk[i]; vr[i] += L.bv[i]; }
@@ -431,20 +524,21 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
         for (int64_t h = 0; h < c.n_head_kv; ++h) ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
       }
       if (ref_path_) {
-        for (int64_t h = 0; h < c.n_head; ++h) ref::Rope(qr + h * hd, hd, pos0 + t, base, c.rope_neox);
-        for (int64_t h = 0; h < c.n_head_kv; ++h) ref::Rope(kr + h * hd, hd, pos0 + t, base, c.rope_neox);
+        for (int64_t h = 0; h < c.n_head; ++h) ref::Rope(qr + h * hd, hd, pos, base, c.rope_neox);
+        for (int64_t h = 0; h < c.n_head_kv; ++h) ref::Rope(kr + h * hd, hd, pos, base, c.rope_neox);
       } else {
-        RopeRow(qr, c.n_head, pos0 + t, swa);
-        RopeRow(kr, c.n_head_kv, pos0 + t, swa);
+        RopeRow(qr, c.n_head, pos, swa);
+        RopeRow(kr, c.n_head_kv, pos, swa);
       }
-      uint16_t* kc = kv.k[l].data() + (pos0 + t) * kv_dim;
-      uint16_t* vc = kv.v[l].data() + (pos0 + t) * kv_dim;
+      KvCache& kv = *row_kv_[t];
+      uint16_t* kc = kv.k[l].data() + pos * kv_dim;
+      uint16_t* vc = kv.v[l].data() + pos * kv_dim;
       for (int64_t i = 0; i < kv_dim; ++i) { kc[i] = F32ToBf16(kr[i]); vc[i] = F32ToBf16(vr[i]); }
     }
     if (ref_path_) {
-      AttentionRef(kv, l, pos0, n, q_.data(), h_.data());
+      AttentionRef(l, n, q_.data(), h_.data());
     } else {
-      Attention(kv, l, pos0, n, q_.data(), h_.data());
+      Attention(l, n, q_.data(), h_.data());
     }
     Matmul(L.wo, h_.data(), n, tmp_.data());
     for (int64_t t = 0; t < n; ++t) {
@@ -475,14 +569,20 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
     }
   }
 
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  for (int64_t t = 0; t < n_out; ++t) {
-    ref::RmsNorm(x_.data() + (first + t) * d, w_.output_norm.data(), d, c.rms_eps, h_.data() + t * d);
+  // Output norm and matmul only on the rows whose logits are wanted, gathered contiguously in
+  // sequence order: every row of an all_logits sequence, the last row of the others.
+  {
+    int64_t r = 0, o = 0;
+    for (const BatchSeq& s : seqs) {
+      for (int64_t t = s.all_logits ? 0 : s.n - 1; t < s.n; ++t, ++o) {
+        ref::RmsNorm(x_.data() + (r + t) * d, w_.output_norm.data(), d, c.rms_eps, h_.data() + o * d);
+      }
+      r += s.n;
+    }
   }
   const QMatrix& out = c.tied_embeddings ? w_.tok_embd : w_.output;
   Matmul(out, h_.data(), n_out, logits);
-  kv.n_past = pos0 + n;
+  for (const BatchSeq& s : seqs) s.kv->n_past += s.n;
   return Status::Ok();
 }
 

@@ -6,6 +6,7 @@
 // thread (the engine thread). The model itself is read-only after Load.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -67,13 +68,56 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Per-sequence KV cache in BF16. k[l], v[l]: (n_ctx, n_head_kv * head_dim).
+// A BF16 buffer of KV rows backed by an anonymous private mapping: pages cost no resident
+// memory until written (untouched positions of a long-context cache are free), and Release()
+// hands them back to the OS (they read as zero afterwards). Movable, not copyable.
+class KvBuffer {
+ public:
+  KvBuffer() = default;
+  explicit KvBuffer(size_t n);  // n uint16_t, zero; throws std::bad_alloc as operator new would
+  KvBuffer(KvBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  KvBuffer& operator=(KvBuffer&& o) noexcept;
+  KvBuffer(const KvBuffer&) = delete;
+  KvBuffer& operator=(const KvBuffer&) = delete;
+  ~KvBuffer();
+
+  uint16_t* data() { return p_; }
+  const uint16_t* data() const { return p_; }
+  size_t size() const { return n_; }
+  uint16_t* begin() { return p_; }
+  uint16_t* end() { return p_ + n_; }
+  const uint16_t* begin() const { return p_; }
+  const uint16_t* end() const { return p_ + n_; }
+  uint16_t& operator[](size_t i) { return p_[i]; }
+  const uint16_t& operator[](size_t i) const { return p_[i]; }
+  // Returns the pages to the OS (madvise MADV_DONTNEED); the contents read as zero after.
+  void Release();
+
+ private:
+  uint16_t* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Per-sequence KV cache in BF16. k[l], v[l]: (n_ctx, n_head_kv * head_dim). Memory is lazy:
+// a position costs resident memory only once written. Movable, not copyable.
 struct KvCache {
   int64_t n_ctx = 0;
   int64_t kv_dim = 0;
   int64_t n_past = 0;  // positions filled
-  std::vector<std::vector<uint16_t>> k, v;
-  size_t bytes() const;
+  std::vector<KvBuffer> k, v;
+
+  KvCache() = default;
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  // A cache of n_layer layers of (n_ctx, kv_dim) rows, empty (n_past 0, no resident pages).
+  static KvCache Allocate(int64_t n_layer, int64_t n_ctx, int64_t kv_dim);
+  size_t bytes() const;         // reserved (address space): n_ctx rows of every layer's k and v
+  size_t bytes_in_use() const;  // rows filled: n_past * kv_dim * 2 bytes * 2 (k, v) * n_layer
+  // Empties the cache (n_past 0) and returns its pages to the OS; it stays usable.
+  void Release();
 };
 
 struct LoadOptions {
@@ -101,15 +145,16 @@ class Model {
 
   // Run tokens[0..n) at positions kv.n_past .. kv.n_past+n-1, appending to the cache.
   // logits: if all_logits, (n, n_vocab) for every row; else (n_vocab) for the last row.
-  // Fails (without touching the cache) when the context would overflow.
+  // Fails (without touching the cache) when the context would overflow. ForwardBatch of one.
   Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits);
 
   // Several sequences in one pass (batched decode, prefill chunks and verify rows together):
   // every weight matrix is applied once to the rows of all sequences. seqs[i] runs
   // tokens[0..n) at its cache's positions n_past.., as Forward would; the caches must be
   // distinct. logits: for each sequence in order, n rows (all_logits) or its last row, each
-  // n_vocab wide. Fails without touching any cache when one would overflow or a token is out
-  // of range. Same numbers as calling Forward per sequence.
+  // n_vocab wide. Fails without touching any cache when seqs is empty, a kv is null or
+  // repeated, n <= 0, a cache would overflow or a token is out of range. Same numbers as
+  // calling Forward per sequence (per-row arithmetic does not depend on the batch).
   struct BatchSeq {
     KvCache* kv = nullptr;
     const TokenId* tokens = nullptr;
@@ -128,8 +173,9 @@ class Model {
   void MatmulQkv(const LayerWeights& L, int64_t n_rows);
   void InitRope();
   void RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa);
-  void AttentionRef(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
-  void Attention(const KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* q, float* out);
+  Status CheckBatch(std::span<const BatchSeq> seqs) const;
+  void AttentionRef(int64_t layer, int64_t n, const float* q, float* out);
+  void Attention(int64_t layer, int64_t n, const float* q, float* out);
 
   ModelConfig cfg_;
   ModelWeights w_;
@@ -142,6 +188,8 @@ class Model {
   QActs qa_;
   const float* qa_src_ = nullptr;
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
+  std::vector<KvCache*> row_kv_;   // (rows) the cache of each row of the batch
+  std::vector<int64_t> row_pos_;   // (rows) its position in that cache
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
   std::unordered_map<const QMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix

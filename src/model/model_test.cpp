@@ -4,6 +4,7 @@
 // gemma3's sliding window hides tokens beyond its receptive field.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "model/gguf_writer.h"
@@ -224,6 +226,166 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   std::filesystem::remove(path);
 }
 
+// A copy of a cache's filled rows (k and v of every layer), to compare contents.
+std::vector<uint16_t> KvRows(const KvCache& kv) {
+  std::vector<uint16_t> out;
+  const size_t n = static_cast<size_t>(kv.n_past * kv.kv_dim);
+  for (size_t l = 0; l < kv.k.size(); ++l) {
+    out.insert(out.end(), kv.k[l].data(), kv.k[l].data() + n);
+    out.insert(out.end(), kv.v[l].data(), kv.v[l].data() + n);
+  }
+  return out;
+}
+
+// Four sequences at different positions, mixing 1-row decodes with multi-row chunks and
+// all_logits with last-row logits, in one ForwardBatch: the logits and KV rows must equal those
+// of a Forward per sequence. Exact equality: every op is per row (norms, RoPE, attention), and
+// the int8 matmul accumulates each row's integer group sums and float scales in the same order
+// whatever the number of rows processed alongside it, so batching cannot change a bit.
+TEST_P(TinyArchTest, ForwardBatchEqualsForwardPerSequence) {
+  TinySpec s;
+  s.arch = GetParam();
+  if (s.arch == "gemma3") s.sliding_window = 4;
+  const std::string path = WriteTinyModel(s, 31);
+  for (bool ref : {false, true}) {
+    SCOPED_TRACE(ref ? "reference path" : "fast path");
+    auto m = LoadTiny(path, ref);
+    ASSERT_TRUE(m);
+    const int64_t V = s.vocab;
+    struct Case { std::vector<TokenId> prefix, toks; bool all_logits; };
+    const std::vector<Case> cases = {
+        {{}, {4, 8, 15, 16, 23}, true},                   // prefill chunk from position 0
+        {{1, 2, 3}, {42}, false},                         // decode
+        {{9, 9, 8, 7, 6, 5, 4}, {11, 12, 13}, false},     // chunk, last row only
+        {{60, 1, 30, 2, 50, 3, 40, 4, 33, 5}, {7}, true}, // decode, all_logits
+    };
+    std::vector<KvCache> solo, batch;
+    std::vector<float> expect, scratch(16 * V);
+    for (const Case& c : cases) {
+      solo.push_back(m->NewKvCache(32));
+      batch.push_back(m->NewKvCache(32));
+      if (!c.prefix.empty()) {
+        const int64_t np = static_cast<int64_t>(c.prefix.size());
+        ASSERT_TRUE(m->Forward(solo.back(), c.prefix.data(), np, false, scratch.data()).ok());
+        ASSERT_TRUE(m->Forward(batch.back(), c.prefix.data(), np, false, scratch.data()).ok());
+      }
+      const int64_t n = static_cast<int64_t>(c.toks.size()), rows = c.all_logits ? n : 1;
+      ASSERT_TRUE(m->Forward(solo.back(), c.toks.data(), n, c.all_logits, scratch.data()).ok());
+      expect.insert(expect.end(), scratch.begin(), scratch.begin() + rows * V);
+    }
+    std::vector<Model::BatchSeq> seqs;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      seqs.push_back({&batch[i], cases[i].toks.data(), static_cast<int64_t>(cases[i].toks.size()), cases[i].all_logits});
+    }
+    std::vector<float> got(expect.size(), -1.0f);
+    ASSERT_TRUE(m->ForwardBatch(seqs, got.data()).ok());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], expect[i]) << s.arch << " logit " << i;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(batch[i].n_past, solo[i].n_past) << "sequence " << i;
+      EXPECT_TRUE(KvRows(batch[i]) == KvRows(solo[i])) << s.arch << " KV rows of sequence " << i;
+    }
+    // A second step: all four decode one token each (the server's steady state).
+    const std::vector<TokenId> next = {5, 6, 7, 8};
+    std::vector<float> one(V), step(4 * V);
+    for (size_t i = 0; i < 4; ++i) {
+      seqs[i] = {&batch[i], &next[i], 1, false};
+    }
+    ASSERT_TRUE(m->ForwardBatch(seqs, step.data()).ok());
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(m->Forward(solo[i], &next[i], 1, false, one.data()).ok());
+      for (int64_t j = 0; j < V; ++j) ASSERT_EQ(step[i * V + j], one[j]) << s.arch << " sequence " << i;
+      EXPECT_TRUE(KvRows(batch[i]) == KvRows(solo[i])) << s.arch << " KV rows of sequence " << i;
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+// Every invalid batch fails with a message and leaves every cache, valid ones included, as it was.
+TEST_P(TinyArchTest, ForwardBatchErrorsLeaveCachesUnchanged) {
+  TinySpec s;
+  s.arch = GetParam();
+  const std::string path = WriteTinyModel(s, 33);
+  auto m = LoadTiny(path, false);
+  ASSERT_TRUE(m);
+  KvCache a = m->NewKvCache(8), b = m->NewKvCache(8);
+  std::vector<float> logits(16 * s.vocab);
+  const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(m->Forward(a, toks.data(), 3, false, logits.data()).ok());
+  ASSERT_TRUE(m->Forward(b, toks.data(), 6, false, logits.data()).ok());
+  const auto ka = KvRows(a), kb = KvRows(b);
+  const TokenId bad = static_cast<TokenId>(s.vocab), neg = -1;
+  using S = Model::BatchSeq;
+  struct Bad { const char* what; std::vector<S> seqs; const char* needle; };
+  const std::vector<Bad> bads = {
+      {"empty batch", {}, "no sequences"},
+      {"null cache", {{&a, toks.data(), 1, false}, {nullptr, toks.data(), 1, false}}, "null KV cache"},
+      {"no tokens", {{&a, toks.data(), 1, false}, {&b, toks.data(), 0, false}}, "at least 1"},
+      {"shared cache", {{&a, toks.data(), 1, false}, {&b, toks.data(), 1, false}, {&a, toks.data(), 1, false}}, "share a KV cache"},
+      {"overflow", {{&a, toks.data(), 2, true}, {&b, toks.data(), 3, false}}, "context overflow: 9 positions > 8 (sequence 1 of 2)"},
+      {"token too big", {{&a, toks.data(), 1, false}, {&b, &bad, 1, false}}, "out of range"},
+      {"negative token", {{&a, &neg, 1, false}}, "out of range"},
+  };
+  for (const Bad& c : bads) {
+    Status st = m->ForwardBatch(c.seqs, logits.data());
+    EXPECT_FALSE(st.ok()) << c.what;
+    EXPECT_NE(st.message().find(c.needle), std::string::npos) << c.what << ": " << st.message();
+    EXPECT_EQ(a.n_past, 3) << c.what;
+    EXPECT_EQ(b.n_past, 6) << c.what;
+    EXPECT_TRUE(KvRows(a) == ka && KvRows(b) == kb) << c.what;
+  }
+  // Forward keeps its own messages.
+  EXPECT_EQ(m->Forward(a, toks.data(), 0, false, logits.data()).message(), "[model] Forward called with no tokens");
+  EXPECT_EQ(m->Forward(a, toks.data(), 6, false, logits.data()).message(), "[model] context overflow: 9 positions > 8");
+  std::filesystem::remove(path);
+}
+
+// Resident pages of a KV buffer (mincore): the lazy cache costs memory only where written.
+int64_t ResidentPages(const KvBuffer& b) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t pages = (b.size() * 2 + page - 1) / page;
+  std::vector<unsigned char> vec(pages);
+  if (mincore(const_cast<uint16_t*>(b.data()), b.size() * 2, vec.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char c : vec) n += c & 1;
+  return n;
+}
+
+TEST_P(TinyArchTest, KvCacheIsLazyAndReleaseKeepsItUsable) {
+  TinySpec s;
+  s.arch = GetParam();
+  const std::string path = WriteTinyModel(s, 35);
+  auto m = LoadTiny(path, false);
+  ASSERT_TRUE(m);
+  const int64_t n_ctx = 4096, kv_dim = s.n_head_kv * s.head_dim;  // 256 KiB per buffer
+  KvCache kv = m->NewKvCache(n_ctx);
+  EXPECT_EQ(kv.bytes(), static_cast<size_t>(n_ctx * kv_dim * 2 * 2 * s.n_layer));
+  EXPECT_EQ(kv.bytes_in_use(), 0u);
+  EXPECT_EQ(ResidentPages(kv.k[0]), 0);
+  const std::vector<TokenId> toks = {7, 3, 9, 1, 22, 40};
+  const int64_t n = static_cast<int64_t>(toks.size());
+  std::vector<float> first(s.vocab), again(s.vocab), fresh(s.vocab);
+  ASSERT_TRUE(m->Forward(kv, toks.data(), n, false, first.data()).ok());
+  EXPECT_EQ(kv.bytes_in_use(), static_cast<size_t>(n * kv_dim * 2 * 2 * s.n_layer));
+  const int64_t touched = ResidentPages(kv.k[0]);
+  EXPECT_GE(touched, 1);
+  EXPECT_LE(touched, 2) << "6 rows of " << kv_dim * 2 << " bytes span at most 2 pages";
+  kv.Release();
+  EXPECT_EQ(kv.n_past, 0);
+  EXPECT_EQ(kv.bytes_in_use(), 0u);
+  EXPECT_EQ(ResidentPages(kv.k[0]), 0);
+  EXPECT_EQ(kv.k[0][0], 0);  // released pages read as zero, like a fresh cache
+  ASSERT_TRUE(m->Forward(kv, toks.data(), n, false, again.data()).ok());
+  KvCache kv2 = m->NewKvCache(n_ctx);
+  ASSERT_TRUE(m->Forward(kv2, toks.data(), n, false, fresh.data()).ok());
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(again, fresh);
+  // Moves carry the mapping: the moved-to cache keeps the rows, the moved-from one is empty.
+  KvCache moved = std::move(kv2);
+  EXPECT_TRUE(KvRows(moved) == KvRows(kv));
+  EXPECT_EQ(kv2.k.size(), 0u);
+  std::filesystem::remove(path);
+}
+
 // Steady decode must not touch the heap: after warm-up (workspaces sized), several 1-row
 // decode steps and 8-row verify steps run with zero calls to operator new (counted by the
 // replacement at the bottom of this file).
@@ -248,6 +410,18 @@ TEST_P(TinyArchTest, SteadyDecodeDoesNotAllocate) {
     kv.n_past -= 8;  // a rejected draft rolls back
   }
   EXPECT_EQ(AllocCount() - before, 0) << s.arch;
+  // Batched decode of 4 sequences (one row each) after a warm-up step: no allocation either.
+  std::vector<KvCache> caches;
+  for (int i = 0; i < 4; ++i) {
+    caches.push_back(m->NewKvCache(64));
+    ASSERT_TRUE(m->Forward(caches.back(), toks.data() + i, 3 + i, false, logits.data()).ok());
+  }
+  std::array<Model::BatchSeq, 4> batch;
+  for (int i = 0; i < 4; ++i) batch[i] = {&caches[i], &toks[i], 1, false};
+  ASSERT_TRUE(m->ForwardBatch(batch, logits.data()).ok());  // warm-up: 4 rows
+  const int64_t before_batch = AllocCount();
+  for (int step = 0; step < 4; ++step) ASSERT_TRUE(m->ForwardBatch(batch, logits.data()).ok());
+  EXPECT_EQ(AllocCount() - before_batch, 0) << s.arch << " batched decode";
   // The counter works: an allocation in the window is seen.
   const int64_t c0 = AllocCount();
   auto* probe = new std::vector<int>(100);

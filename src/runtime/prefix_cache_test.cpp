@@ -16,11 +16,11 @@ constexpr int64_t kLayers = 3, kDim = 4, kBlock = 8;
 
 // The KV row a token at `pos` would have: a function of every token up to pos, as in a model.
 KvCache Fill(const std::vector<TokenId>& toks, int64_t n_ctx = 128) {
-  KvCache kv;
-  kv.n_ctx = n_ctx;
-  kv.kv_dim = kDim;
-  kv.k.assign(kLayers, std::vector<uint16_t>(n_ctx * kDim, 0xFFFF));
-  kv.v.assign(kLayers, std::vector<uint16_t>(n_ctx * kDim, 0xFFFF));
+  KvCache kv = KvCache::Allocate(kLayers, n_ctx, kDim);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    std::fill(kv.k[l].begin(), kv.k[l].end(), 0xFFFF);
+    std::fill(kv.v[l].begin(), kv.v[l].end(), 0xFFFF);
+  }
   uint32_t h = 17;
   for (size_t p = 0; p < toks.size(); ++p) {
     h = h * 31 + static_cast<uint32_t>(toks[p]);
