@@ -74,10 +74,14 @@ struct PreparedChat {
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
 };
 
-// The token index where `prompt`'s prefix up to and including each cut's block ends: the
-// longest common prefix of `prompt` and the tokenized render of the truncated request (with its
-// generation prompt left off). Sorted by end; cuts that land on the same end are merged (1h wins).
-std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req,
+// The request truncated right after `cut`'s block, rendered without its generation prompt.
+std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut);
+
+// The token index where `prompt` (the tokens of `prompt_text`) has its prefix up to and including
+// each cut's block end: the longest common prefix of `prompt` and the tokenized render of the
+// request truncated after that block (generation prompt left off). Sorted by end; cuts landing on
+// the same end are merged (1h wins).
+std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const std::string& prompt_text,
                                           const std::vector<TokenId>& prompt);
 
 // Renders and tokenizes (and maps cache_control breakpoints to token indices). Errors (when `for_generation`; count_tokens counts any length): a

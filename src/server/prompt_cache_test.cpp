@@ -87,6 +87,17 @@ void CheckBreakpoints(Model* model) {
     EXPECT_GT(bp[i].end, i == 0 ? 0 : bp[i - 1].end) << "breakpoint " << i;
     EXPECT_LE(bp[i].end, static_cast<int64_t>(full.prompt.size()));
   }
+  // The same indices as tokenizing each truncated render whole (MapCacheCuts restarts at the
+  // last shared turn marker).
+  std::vector<int64_t> whole;
+  for (const CacheCut& cut : req.cache_cuts) {
+    const auto t = tok.Encode(RenderCacheCut(sm, req, cut), true, true);
+    size_t e = 0;
+    while (e < t.size() && e < full.prompt.size() && t[e] == full.prompt[e]) ++e;
+    whole.push_back(static_cast<int64_t>(e));
+  }
+  std::sort(whole.begin(), whole.end());
+  for (size_t i = 0; i < bp.size(); ++i) EXPECT_EQ(bp[i].end, whole[i]) << i;
   auto prefix_text = [&](int64_t end) {
     return tok.Decode(std::vector<TokenId>(full.prompt.begin(), full.prompt.begin() + end), /*render_special=*/true);
   };

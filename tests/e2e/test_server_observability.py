@@ -2,6 +2,7 @@
 official SDKs against `mererun serve` on smollm2-135m-instruct, a few greedy tokens each."""
 import math
 import re
+import time
 
 import anthropic
 import openai
@@ -116,6 +117,31 @@ def test_metrics_parse_and_request_counters_move(server, client):
         buckets = sorted(((float(dict(lab)["le"]), v) for (n, lab), v in after.items() if n == name + "_bucket"))
         assert [v for _, v in buckets] == sorted(v for _, v in buckets)
         assert buckets[-1] == (math.inf, after[(name + "_count", frozenset())])
+
+
+def wait_for_count(server, api, outcome, at_least, timeout=30.0):
+    deadline = time.time() + timeout
+    while True:
+        n = requests_total(metrics(server)[1], api, outcome)
+        if n >= at_least or time.time() > deadline:
+            return n
+        time.sleep(0.1)
+
+
+def test_client_that_leaves_counts_as_cancelled(server, client):
+    before = requests_total(metrics(server)[1], "anthropic", "cancelled")
+    r = requests.post(server.base_url + "/v1/messages", stream=True, timeout=60,
+                      headers={"x-api-key": KEY, "content-type": "application/json"},
+                      json={"model": "m", "max_tokens": 1500, "temperature": 0, "stream": True,
+                            "messages": [{"role": "user", "content": "Write a very long story about a dragon."}]})
+    for line in r.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and "text_delta" in line:
+            break
+    r.close()
+    assert wait_for_count(server, "anthropic", "cancelled", before + 1) == before + 1
+    ok = requests_total(metrics(server)[1], "anthropic", "ok")
+    ask(client, cached_request())  # the server serves on, and counts it
+    assert requests_total(metrics(server)[1], "anthropic", "ok") == ok + 1
 
 
 @pytest.mark.xfail(strict=False, reason="the interim engine (src/server/engine.cpp) reports no token counters; "
