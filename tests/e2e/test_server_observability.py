@@ -108,8 +108,12 @@ def test_metrics_parse_and_request_counters_move(server, client):
         client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": 5}])
     oa = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
     oa.chat.completions.create(model="m", max_tokens=2, temperature=0, messages=[{"role": "user", "content": "Hi"}])
+    # A stream is counted when the server lets go of it, which may be just after the client has
+    # read its last event.
+    want_ok = requests_total(before, "anthropic", "ok") + 2
+    assert wait_for_count(server, "anthropic", "ok", want_ok) == want_ok
     _, after = metrics(server)
-    assert requests_total(after, "anthropic", "ok") == requests_total(before, "anthropic", "ok") + 2
+    assert requests_total(after, "anthropic", "ok") == want_ok
     assert requests_total(after, "anthropic", "invalid") == requests_total(before, "anthropic", "invalid") + 1
     assert requests_total(after, "openai", "ok") == requests_total(before, "openai", "ok") + 1
     # Histograms stay cumulative with +Inf == _count.
