@@ -148,8 +148,6 @@ def test_client_that_leaves_counts_as_cancelled(server, client):
     assert requests_total(metrics(server)[1], "anthropic", "ok") == ok + 1
 
 
-@pytest.mark.xfail(strict=False, reason="the interim engine (src/server/engine.cpp) reports no token counters; "
-                                         "the batched engine does")
 def test_metrics_token_counters_move(server, client):
     _, before = metrics(server)
     out = ask(client, cached_request("Name a fruit."), max_tokens=3)
@@ -206,12 +204,20 @@ def test_openai_usage_has_cached_tokens(server):
     assert 0 <= r.usage.prompt_tokens_details.cached_tokens <= r.usage.prompt_tokens
 
 
-@pytest.mark.xfail(strict=False, reason="cache_read_input_tokens comes from the batched engine's prefix cache; "
-                                         "the interim engine (src/server/engine.cpp) leaves it 0")
 def test_repeated_prefix_is_read_from_the_cache(client):
-    req = cached_request("Name a country.")
-    ask(client, req)
-    u = ask(client, cached_request("Name a river.")).usage  # same prefix up to the breakpoints
-    assert u.cache_read_input_tokens > 0
-    n_prompt = client.messages.count_tokens(**cached_request("Name a river.")).input_tokens
-    assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == n_prompt
+    # A system prompt no earlier test used, so the first request starts cold.
+    first_req = cached_request("Name a country.", ttl="1h")
+    first_req["system"][1]["text"] = f"Session {time.time_ns()}. {SYSTEM}"
+    u1 = ask(client, first_req).usage
+    n1 = client.messages.count_tokens(**first_req).input_tokens
+    assert u1.input_tokens + u1.cache_read_input_tokens + u1.cache_creation_input_tokens == n1
+    # Cold: the prefix up to the 1h system breakpoint, then up to the 5m message one, is written.
+    assert u1.cache_creation.ephemeral_1h_input_tokens > 0
+    assert u1.cache_creation.ephemeral_5m_input_tokens > 0
+    assert u1.cache_read_input_tokens < u1.cache_creation_input_tokens
+
+    second_req = dict(first_req, messages=first_req["messages"][:2] + [{"role": "user", "content": "Name a river."}])
+    u2 = ask(client, second_req).usage  # same prefix up to the breakpoints
+    n2 = client.messages.count_tokens(**second_req).input_tokens
+    assert u2.cache_read_input_tokens > 0
+    assert u2.input_tokens + u2.cache_read_input_tokens + u2.cache_creation_input_tokens == n2
