@@ -3,6 +3,8 @@
 // template, Gemma with Gemma 3's), on the real tokenizers of pulled models.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "model/test_models.h"
 #include "server/anthropic_api.h"
 
@@ -10,6 +12,14 @@ namespace mr::server {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+// Loaded once for the whole suite (only the tokenizer and the chat template are used).
+Result<std::unique_ptr<Model>>& PulledModel(const char* file) {
+  static std::map<std::string, Result<std::unique_ptr<Model>>> models;
+  auto it = models.find(file);
+  if (it == models.end()) it = models.emplace(file, LoadPulledModel(file, 1)).first;
+  return it->second;
+}
 
 ServedModel Served(Model* model) {
   ServedModel sm;
@@ -159,7 +169,7 @@ void CheckBreakpoints(Model* model) {
 }
 
 TEST(PromptCache, BreakpointsChatML) {
-  auto model = LoadPulledModel(kSmolLM2File, 1);
+  auto& model = PulledModel(kSmolLM2File);
   ASSERT_TRUE(model.ok()) << model.status().message();
   if (!*model) GTEST_SKIP() << "SmolLM2 is not pulled";
   ASSERT_EQ(DetectChatFamily((*model)->file()), ChatFamily::kChatML);
@@ -167,7 +177,7 @@ TEST(PromptCache, BreakpointsChatML) {
 }
 
 TEST(PromptCache, BreakpointsGemma) {
-  auto model = LoadPulledModel("gemma-3-270m-q4_k_m.gguf", 1);
+  auto& model = PulledModel("gemma-3-270m-q4_k_m.gguf");
   ASSERT_TRUE(model.ok()) << model.status().message();
   if (!*model) GTEST_SKIP() << "gemma3-270m is not pulled";
   ASSERT_EQ(DetectChatFamily((*model)->file()), ChatFamily::kGemma);
@@ -175,7 +185,7 @@ TEST(PromptCache, BreakpointsGemma) {
 }
 
 TEST(PromptCache, NoMarkersNoBreakpointsAndToolResults) {
-  auto model = LoadPulledModel(kSmolLM2File, 1);
+  auto& model = PulledModel(kSmolLM2File);
   ASSERT_TRUE(model.ok());
   if (!*model) GTEST_SKIP() << "SmolLM2 is not pulled";
   const ServedModel sm = Served(model->get());
@@ -247,7 +257,7 @@ TEST(PromptCache, Validation) {
 
 // Claude Code's billing header changes every request; it must not reach the prompt.
 TEST(PromptCache, BillingHeaderIsDropped) {
-  auto model = LoadPulledModel(kSmolLM2File, 1);
+  auto& model = PulledModel(kSmolLM2File);
   ASSERT_TRUE(model.ok());
   if (!*model) GTEST_SKIP() << "SmolLM2 is not pulled";
   const ServedModel sm = Served(model->get());
