@@ -1,5 +1,7 @@
 #include "server/anthropic_api.h"
 
+#include <algorithm>
+
 #include "server/signing.h"
 
 namespace mr::server {
@@ -14,9 +16,40 @@ void AppendPara(std::string* s, const std::string& t) {
   *s += t;
 }
 
-// System prompt blocks; Claude Code's first block is a per-run billing header, which is
-// metadata, not instructions (and would defeat KV reuse between runs): it is dropped.
-std::optional<ApiError> SystemText(const Json& sys, const std::string& where, std::string* out) {
+// A cache_control breakpoint inside one text being assembled from blocks: the text's length
+// right after the marked block.
+struct CacheMark {
+  size_t len = 0;
+  bool one_hour = false;
+};
+
+// A block's cache_control ({"type": "ephemeral", "ttl": "5m" | "1h"}, ttl optional). Absent or
+// null: *marked = false.
+std::optional<ApiError> CacheControl(const Json& b, const std::string& where, bool* marked, bool* one_hour) {
+  *marked = false;
+  *one_hour = false;
+  if (!b.is_object() || !b.contains("cache_control") || b["cache_control"].is_null()) return std::nullopt;
+  const Json& cc = b["cache_control"];
+  const std::string w = where + ".cache_control";
+  if (!cc.is_object() || !cc.contains("type") || cc["type"] != "ephemeral")
+    return InvalidRequest(w + ": expected {\"type\": \"ephemeral\"} with an optional \"ttl\" of \"5m\" or \"1h\", got " +
+                          Dump(cc));
+  if (cc.contains("ttl") && !cc["ttl"].is_null()) {
+    if (cc["ttl"] != "5m" && cc["ttl"] != "1h")
+      return InvalidRequest(w + ".ttl: expected \"5m\" or \"1h\", got " + Dump(cc["ttl"]));
+    *one_hour = cc["ttl"] == "1h";
+  }
+  *marked = true;
+  return std::nullopt;
+}
+
+// Billing metadata Claude Code sends as its first system block (it changes every request):
+// not an instruction, and it would defeat KV reuse between requests.
+bool IsBillingHeader(const std::string& text) { return text.rfind("x-anthropic-billing-header:", 0) == 0; }
+
+// System prompt blocks (a dropped billing header included), with their cache_control marks.
+std::optional<ApiError> SystemText(const Json& sys, const std::string& where, std::string* out,
+                                   std::vector<CacheMark>* marks) {
   if (sys.is_string()) {
     *out = sys.get<std::string>();
     return std::nullopt;
@@ -27,9 +60,11 @@ std::optional<ApiError> SystemText(const Json& sys, const std::string& where, st
     const std::string w = where + "[" + std::to_string(i) + "]";
     if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
       return InvalidRequest(w + ": expected a text block {\"type\": \"text\", \"text\": ...}");
+    bool marked = false, one_hour = false;
+    if (auto e = CacheControl(b, w, &marked, &one_hour)) return e;
     const std::string& t = b["text"].get_ref<const std::string&>();
-    if (t.rfind("x-anthropic-billing-header:", 0) == 0) continue;
-    AppendPara(out, t);
+    if (!IsBillingHeader(t)) AppendPara(out, t);
+    if (marked) marks->push_back({out->size(), one_hour});
   }
   return std::nullopt;
 }
@@ -39,8 +74,9 @@ ApiError TextOnly(const ServedModel& sm, const std::string& where) {
                         "' is text-only; remove the image block or describe the image in text");
 }
 
-// Text of a tool_result's content (a string or text blocks).
-std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, const std::string& where, std::string* out) {
+// Text of a tool_result's content (a string or text blocks), with its blocks' cache_control marks.
+std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, const std::string& where, std::string* out,
+                                       std::vector<CacheMark>* marks) {
   if (c.is_null()) return std::nullopt;
   if (c.is_string()) {
     *out = c.get<std::string>();
@@ -51,9 +87,12 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
     const Json& b = c[k];
     const std::string w = where + "[" + std::to_string(k) + "]";
     const std::string type = b.is_object() ? b.value("type", "") : "";
+    bool marked = false, one_hour = false;
+    if (auto e = CacheControl(b, w, &marked, &one_hour)) return e;
     if (type == "text" && b.contains("text") && b["text"].is_string()) {
       if (!out->empty()) *out += "\n";
       *out += b["text"].get<std::string>();
+      if (marked) marks->push_back({out->size(), one_hour});
     } else if (type == "image") {
       return TextOnly(sm, w);
     } else if (type == "document" || type == "search_result") {
@@ -65,7 +104,10 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, std::vector<ChatMessage>* out) {
+// The messages; each content block with cache_control adds a cut (the conversation truncated
+// right after that block) to `cuts`.
+std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, std::vector<ChatMessage>* out,
+                                      std::vector<CacheCut>* cuts) {
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Json& m = msgs[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -78,7 +120,13 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
     const Json& c = m["content"];
     if (role == "system") {
       ChatMessage sys{"system", "", {}, {}};
-      if (auto e = SystemText(c, where + ".content", &sys.content)) return e;
+      std::vector<CacheMark> marks;
+      if (auto e = SystemText(c, where + ".content", &sys.content, &marks)) return e;
+      for (const CacheMark& mk : marks) {
+        CacheCut cut{out->size(), std::nullopt, SIZE_MAX, mk.one_hour};
+        if (mk.len > 0) cut.partial = ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}};
+        cuts->push_back(std::move(cut));
+      }
       if (!sys.content.empty()) out->push_back(std::move(sys));  // Claude Code sends empty ones
       continue;
     }
@@ -95,6 +143,8 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
       if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
         return InvalidRequest(w + ": expected a content block with a \"type\"");
       const std::string type = b["type"].get<std::string>();
+      bool marked = false, one_hour = false;
+      if (auto e = CacheControl(b, w, &marked, &one_hour)) return e;
       if (type == "text") {
         if (!b.contains("text") || !b["text"].is_string()) return InvalidRequest(w + ".text: field required");
         AppendPara(&msg.content, b["text"].get<std::string>());
@@ -112,13 +162,21 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
           return InvalidRequest(w + ".tool_use_id: field required");
         ChatMessage tool{"tool", "", {}, b["tool_use_id"].get<std::string>()};
+        std::vector<CacheMark> marks;
         if (b.contains("content"))
-          if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content)) return e;
-        if (b.value("is_error", false)) tool.content = "Error: " + tool.content;
+          if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content, &marks)) return e;
+        const std::string error_prefix = "Error: ";
+        const bool is_error = b.value("is_error", false);
+        if (is_error) tool.content = error_prefix + tool.content;
         // Text the user wrote before the results stays before them.
         if (!msg.content.empty()) {
           out->push_back(msg);
           msg.content.clear();
+        }
+        for (const CacheMark& mk : marks) {
+          ChatMessage part = tool;
+          part.content.resize(mk.len + (is_error ? error_prefix.size() : 0));
+          cuts->push_back({out->size(), std::move(part), SIZE_MAX, mk.one_hour});
         }
         out->push_back(std::move(tool));
       } else if (type == "tool_use" && role == "assistant") {
@@ -143,6 +201,11 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         return InvalidRequest(w + ": content blocks of type \"" + type + "\" are not supported by this server");
       } else {
         return InvalidRequest(w + ": unsupported content block type \"" + type + "\" in a " + role + " message");
+      }
+      if (marked) {
+        CacheCut cut{out->size(), std::nullopt, SIZE_MAX, one_hour};
+        if (!msg.content.empty() || !msg.tool_calls.empty()) cut.partial = msg;
+        cuts->push_back(std::move(cut));
       }
     }
     if (!msg.content.empty() || !msg.tool_calls.empty() || out->empty() || out->back().role != "tool")
@@ -179,12 +242,19 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return InvalidRequest("messages: field required (a non-empty array)");
 
-  if (body.contains("system") && !body["system"].is_null()) {
+  // cache_control breakpoints, collected per section and joined in Anthropic's order
+  // (tools, system, messages).
+  std::vector<CacheCut> tool_cuts, system_cuts, message_cuts;
+  const bool has_system = body.contains("system") && !body["system"].is_null();
+  if (has_system) {
     ChatMessage sys{"system", "", {}, {}};
-    if (auto e = SystemText(body["system"], "system", &sys.content)) return e;
+    std::vector<CacheMark> marks;
+    if (auto e = SystemText(body["system"], "system", &sys.content, &marks)) return e;
+    for (const CacheMark& mk : marks)
+      system_cuts.push_back({0, ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}}, SIZE_MAX, mk.one_hour});
     req->messages.push_back(std::move(sys));
   }
-  if (auto e = ParseMessages(body["messages"], sm, &req->messages)) return e;
+  if (auto e = ParseMessages(body["messages"], sm, &req->messages, &message_cuts)) return e;
   if (req->messages.back().role == "assistant") req->render.continue_final = true;
 
   if (body.contains("stream")) {
@@ -233,14 +303,28 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
       if (!t.contains("input_schema") || !t["input_schema"].is_object())
         return InvalidRequest(w + ".input_schema: field required (a JSON schema object)");
-      if (t.value("defer_loading", false)) continue;  // not shown to the model (docs/api.md)
-      ChatTool tool;
-      tool.name = t["name"].get<std::string>();
-      if (t.contains("description") && t["description"].is_string()) tool.description = t["description"].get<std::string>();
-      tool.parameters = t["input_schema"];
-      tools.push_back(std::move(tool));
+      bool marked = false, one_hour = false;
+      if (auto e = CacheControl(t, w, &marked, &one_hour)) return e;
+      if (!t.value("defer_loading", false)) {  // deferred tools are not shown to the model (docs/api.md)
+        ChatTool tool;
+        tool.name = t["name"].get<std::string>();
+        if (t.contains("description") && t["description"].is_string()) tool.description = t["description"].get<std::string>();
+        tool.parameters = t["input_schema"];
+        tools.push_back(std::move(tool));
+      }
+      // The tools follow the system text in the rendered prompt, so a tool's prefix keeps it.
+      if (marked) tool_cuts.push_back({has_system ? size_t{1} : size_t{0}, std::nullopt, tools.size(), one_hour});
     }
   }
+  for (auto* part : {&tool_cuts, &system_cuts, &message_cuts})
+    for (CacheCut& c : *part) req->cache_cuts.push_back(std::move(c));
+  if (req->cache_cuts.size() > 4)
+    return InvalidRequest("A maximum of 4 blocks with cache_control may be provided. Found " +
+                          std::to_string(req->cache_cuts.size()) + ".");
+  for (size_t i = 1; i < req->cache_cuts.size(); ++i)
+    if (req->cache_cuts[i].one_hour && !req->cache_cuts[i - 1].one_hour)
+      return InvalidRequest("cache_control: a ttl=\"1h\" breakpoint cannot come after a ttl=\"5m\" one; breakpoints with "
+                            "the longer ttl must come first (in the order tools, system, messages)");
   std::string choice = "auto";
   std::string forced_name;
   bool single = false;
@@ -397,6 +481,9 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kDone: {
       out += CloseBlock();
       output_tokens_ = ev.output_tokens;
+      cache_read_tokens_ = ev.cache_read_tokens;
+      cache_creation_5m_tokens_ = ev.cache_creation_5m_tokens;
+      cache_creation_1h_tokens_ = ev.cache_creation_1h_tokens;
       switch (ev.finish) {
         case FinishReason::kEndTurn:
         case FinishReason::kCancelled: stop_reason_ = "end_turn"; break;
@@ -407,7 +494,7 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
       if (ev.finish == FinishReason::kStopSequence) stop_sequence_ = ev.stop_sequence;
       out += Sse("message_delta", {{"type", "message_delta"},
                                    {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
-                                   {"usage", {{"output_tokens", output_tokens_}}}});
+                                   {"usage", Usage()}});
       out += Sse("message_stop", {{"type", "message_stop"}});
       break;
     }
@@ -426,12 +513,18 @@ Json AnthropicWriter::Message() const {
               {"content", content_},
               {"stop_reason", stop_reason_.empty() ? Json() : Json(stop_reason_)},
               {"stop_sequence", stop_sequence_},
-              {"usage",
-               {{"input_tokens", input_tokens_},
-                {"cache_creation_input_tokens", 0},
-                {"cache_read_input_tokens", 0},
-                {"output_tokens", output_tokens_}}}};
+              {"usage", Usage()}};
   return msg;
+}
+
+Json AnthropicWriter::Usage() const {
+  const int64_t creation = cache_creation_5m_tokens_ + cache_creation_1h_tokens_;
+  return {{"input_tokens", std::max<int64_t>(0, input_tokens_ - cache_read_tokens_ - creation)},
+          {"cache_creation_input_tokens", creation},
+          {"cache_read_input_tokens", cache_read_tokens_},
+          {"cache_creation",
+           {{"ephemeral_5m_input_tokens", cache_creation_5m_tokens_}, {"ephemeral_1h_input_tokens", cache_creation_1h_tokens_}}},
+          {"output_tokens", output_tokens_}};
 }
 
 }  // namespace mr::server

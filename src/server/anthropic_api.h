@@ -28,7 +28,7 @@ std::optional<ApiError> ParseAnthropicRequest(const nlohmann::ordered_json& body
 // of each event (Start, then Event for each StreamEvent).
 class AnthropicWriter {
  public:
-  AnthropicWriter(const ServedModel& sm, AnthropicOptions opts, int64_t input_tokens);
+  AnthropicWriter(const ServedModel& sm, AnthropicOptions opts, int64_t input_tokens);  // the whole prompt
 
   std::string Start();  // message_start
   static std::string Ping();
@@ -42,6 +42,10 @@ class AnthropicWriter {
   enum class Block { kNone, kText, kThinking, kToolUse };
   std::string OpenBlock(Block b, nlohmann::ordered_json start);
   std::string CloseBlock();
+  // Anthropic usage: input_tokens is the prompt less the cached parts, so input +
+  // cache_creation + cache_read = the prompt. Before kDone (message_start) nothing is known of
+  // the cache: all prompt tokens count as input.
+  nlohmann::ordered_json Usage() const;
 
   const ServedModel& sm_;
   AnthropicOptions opts_;
@@ -50,6 +54,9 @@ class AnthropicWriter {
   Block open_ = Block::kNone;
   int64_t input_tokens_ = 0;
   int64_t output_tokens_ = 0;
+  int64_t cache_read_tokens_ = 0;
+  int64_t cache_creation_5m_tokens_ = 0;
+  int64_t cache_creation_1h_tokens_ = 0;
   std::string stop_reason_;
   nlohmann::ordered_json stop_sequence_;  // null or the string
 };

@@ -49,6 +49,85 @@ bool EventChannel::Pop(StreamEvent* ev, std::chrono::milliseconds timeout) {
   return true;
 }
 
+std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut) {
+  std::vector<ChatMessage> msgs(req.messages.begin(),
+                                req.messages.begin() + static_cast<ptrdiff_t>(std::min(cut.n_messages, req.messages.size())));
+  if (cut.partial) msgs.push_back(*cut.partial);
+  ChatRenderOptions opts = req.render;
+  opts.assistant_prefix.clear();
+  opts.continue_final = false;
+  if (opts.tools.size() > cut.n_tools) opts.tools.resize(cut.n_tools);
+  // Gemma writes the system text (tools included) into the first user turn: without a user
+  // message it would not be rendered at all.
+  if (sm.family == ChatFamily::kGemma &&
+      std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role != "system"; }))
+    msgs.push_back({"user", "", {}, {}});
+  std::string text = RenderChat(sm.family, sm.model->file(), msgs, opts);
+  // What RenderChat appends to open the assistant turn.
+  const std::string_view gen = sm.family == ChatFamily::kChatML  ? "<|im_start|>assistant\n"
+                               : sm.family == ChatFamily::kGemma ? "<start_of_turn>model\n"
+                                                                 : "";
+  if (!gen.empty() && text.size() >= gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0)
+    text.resize(text.size() - gen.size());
+  return text;
+}
+
+std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const std::string& prompt_text,
+                                          const std::vector<TokenId>& prompt) {
+  std::vector<CacheBreakpoint> out;
+  if (req.cache_cuts.empty()) return out;
+  const Tokenizer& tok = sm.model->tokenizer();
+  const bool parse_special = sm.family != ChatFamily::kNone;
+  // The tokenizer encodes the text between special tokens piece by piece, so the tokens after a
+  // turn marker depend only on the text after it: each cut is tokenized from the last turn
+  // marker the cut and the full prompt share, not from the start (a long conversation would
+  // otherwise be tokenized once per breakpoint).
+  const std::string marker = sm.family == ChatFamily::kChatML  ? "<|im_start|>"
+                             : sm.family == ChatFamily::kGemma ? "<start_of_turn>"
+                                                               : "";
+  const TokenId marker_id = marker.empty() ? -1 : tok.Find(marker);
+  for (const CacheCut& cut : req.cache_cuts) {
+    const std::string text = RenderCacheCut(sm, req, cut);
+    size_t common = 0;  // characters
+    const size_t n = std::min(text.size(), prompt_text.size());
+    while (common < n && text[common] == prompt_text[common]) ++common;
+    size_t from_char = 0, from_token = 0;
+    bool restart = false;
+    if (marker_id >= 0 && parse_special && common >= marker.size()) {
+      const size_t pos = prompt_text.rfind(marker, common - marker.size());
+      if (pos != std::string::npos) {
+        size_t k = 0;  // markers in the text before pos; the prompt has as many marker tokens before it
+        for (size_t p = prompt_text.find(marker); p < pos; p = prompt_text.find(marker, p + marker.size())) ++k;
+        for (size_t i = 0; i < prompt.size(); ++i) {
+          if (prompt[i] != marker_id) continue;
+          if (k-- == 0) {
+            from_token = i + 1;
+            from_char = pos + marker.size();
+            restart = true;
+            break;
+          }
+        }
+      }
+    }
+    const std::vector<TokenId> cut_tokens = restart ? tok.Encode(std::string_view(text).substr(from_char), false, true)
+                                                    : tok.Encode(text, /*add_special=*/true, parse_special);
+    size_t end = from_token;
+    for (size_t i = 0; i < cut_tokens.size() && end < prompt.size() && cut_tokens[i] == prompt[end]; ++i) ++end;
+    if (end == 0) continue;
+    out.push_back({static_cast<int64_t>(end), cut.one_hour});
+  }
+  std::sort(out.begin(), out.end(), [](const CacheBreakpoint& a, const CacheBreakpoint& b) { return a.end < b.end; });
+  std::vector<CacheBreakpoint> merged;
+  for (const CacheBreakpoint& b : out) {
+    if (!merged.empty() && merged.back().end == b.end) {
+      merged.back().one_hour |= b.one_hour;
+    } else {
+      merged.push_back(b);
+    }
+  }
+  return merged;
+}
+
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
   if (req.thinking_budget > 0) {
     req.render.system_suffix += kThinkInstruction;
@@ -64,6 +143,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   if (n > max_prompt)
     return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) + " maximum");
   if (n == 0) return InvalidRequest("the prompt is empty");
+  out->cache_breakpoints = MapCacheCuts(sm, req, text, out->prompt);
   const int64_t room = sm.n_ctx - n;
   out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
   if (sm.max_output_tokens > 0) out->max_tokens = std::min(out->max_tokens, sm.max_output_tokens);
@@ -160,6 +240,9 @@ struct Session {
     ev.kind = StreamEvent::Kind::kDone;
     ev.input_tokens = r->prompt_tokens;
     ev.output_tokens = r->output_tokens;
+    ev.cache_read_tokens = r->cache_read_tokens;
+    ev.cache_creation_5m_tokens = r->cache_creation_5m_tokens;
+    ev.cache_creation_1h_tokens = r->cache_creation_1h_tokens;
     if (r->stop == StopCause::kCancelled) {
       ev.finish = FinishReason::kCancelled;
     } else if (parser.stopped()) {
@@ -190,6 +273,7 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   auto job = std::make_shared<EngineJob>();
   job->prompt = std::move(prepared.prompt);
   job->params = prepared.params;
+  job->cache_breakpoints = std::move(prepared.cache_breakpoints);
   job->on_token = [session](TokenId id) { return session->OnToken(id); };
   job->continuation = [session] { return session->Continuation(); };
   job->on_done = [session](const Result<JobResult>& r) { session->Done(r); };

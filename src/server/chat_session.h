@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstddef>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -24,8 +25,19 @@ namespace mr::server {
 inline constexpr const char* kThinkInstruction =
     "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
 
+// An Anthropic cache_control breakpoint as the request parser saw it: the request truncated right
+// after the marked block. PrepareChat renders that truncated request and maps it to the token
+// index where the full prompt's prefix up to and including the block ends (CacheBreakpoint).
+struct CacheCut {
+  size_t n_messages = 0;               // ChatRequest::messages[0, n_messages) kept whole,
+  std::optional<ChatMessage> partial;  // then this one: the marked message up to its block
+  size_t n_tools = SIZE_MAX;           // tools kept (a tool breakpoint keeps those up to it)
+  bool one_hour = false;               // ttl "1h"
+};
+
 struct ChatRequest {
   std::vector<ChatMessage> messages;
+  std::vector<CacheCut> cache_cuts;  // in request order (tools, system, messages); at most 4
   ChatRenderOptions render;      // tools, system suffix, assistant prefix, continue_final
   bool parse_tool_calls = false;
   bool single_tool_call = false;  // stop after the first complete call
@@ -59,9 +71,20 @@ struct PreparedChat {
   OutputParser::Options parser;
   int64_t thinking_budget = 0;
   bool single_tool_call = false;
+  std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
 };
 
-// Renders and tokenizes. Errors (when `for_generation`; count_tokens counts any length): a
+// The request truncated right after `cut`'s block, rendered without its generation prompt.
+std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut);
+
+// The token index where `prompt` (the tokens of `prompt_text`) has its prefix up to and including
+// each cut's block end: the longest common prefix of `prompt` and the tokenized render of the
+// request truncated after that block (generation prompt left off). Sorted by end; cuts landing on
+// the same end are merged (1h wins).
+std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const std::string& prompt_text,
+                                          const std::vector<TokenId>& prompt);
+
+// Renders and tokenizes (and maps cache_control breakpoints to token indices). Errors (when `for_generation`; count_tokens counts any length): a
 // prompt longer than the context (400 "prompt is too long: N tokens > M maximum"). max_tokens
 // beyond the context is clamped, never refused.
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation = true);
@@ -76,8 +99,11 @@ struct StreamEvent {
   // kDone:
   FinishReason finish = FinishReason::kEndTurn;
   std::string stop_sequence;
-  int64_t input_tokens = 0;
+  int64_t input_tokens = 0;  // the whole prompt
   int64_t output_tokens = 0;
+  int64_t cache_read_tokens = 0;         // of input_tokens: KV reused
+  int64_t cache_creation_5m_tokens = 0;  // of input_tokens: evaluated and cached (5m, 1h)
+  int64_t cache_creation_1h_tokens = 0;
   // kError:
   ApiError error;
 };

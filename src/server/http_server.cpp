@@ -36,6 +36,35 @@ void LogLong(const char* what, const std::string& text) {
   std::fputc('\n', stderr);
 }
 
+// The requests counted in mererun_requests_total.
+bool IsGenerationPath(const std::string& path) { return path == "/v1/messages" || path == "/v1/chat/completions"; }
+
+Outcome OutcomeOfStatus(int status) {
+  if (status == 429) return Outcome::kRateLimited;
+  if (status == 529) return Outcome::kOverloaded;
+  if (status >= 500) return Outcome::kError;
+  if (status >= 400) return Outcome::kInvalid;
+  return Outcome::kOk;  // also -1: the handler left the status to the library (200)
+}
+
+void CountRequest(ServerMetrics* m, Api api, Outcome o) {
+  if (m != nullptr) m->requests[api == Api::kOpenAI ? 1 : 0][static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+}
+
+// One generation request's entry in mererun_requests_total, counted when the last owner lets go:
+// the handler for a plain response, the streaming provider (kept by the response until the
+// stream is over) for SSE.
+struct RequestCount {
+  RequestCount(ServerMetrics* metrics, Api a) : m(metrics), api(a) {}
+  ~RequestCount() { CountRequest(m, api, job && job->cancelled ? Outcome::kCancelled : outcome); }
+  RequestCount(const RequestCount&) = delete;
+  RequestCount& operator=(const RequestCount&) = delete;
+  ServerMetrics* m;
+  Api api;
+  Outcome outcome = Outcome::kError;  // until the handler returns (it may throw)
+  std::shared_ptr<EngineJob> job;  // once submitted: a cancelled job means the client left
+};
+
 bool IsLoopbackBind(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -116,11 +145,12 @@ struct HttpServer::Impl {
 
   // Streaming: SSE from the channel, with pings; false (and cancel) when the client left.
   template <typename Writer>
-  void Stream(httplib::Response& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings) {
+  void Stream(httplib::Response& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings,
+              std::shared_ptr<RequestCount> count) {
     const int ping_ms = opts.ping_interval_ms;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [p, w, pings, ping_ms](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [p, w, pings, ping_ms, count](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
           auto cancel = [&] {
             MR_LOGI("http", "client went away during a stream; cancelling its generation");
@@ -137,6 +167,7 @@ struct HttpServer::Impl {
               if (!send(s)) return cancel();
               if (!s.empty()) last_write = Clock::now();
               if (end) {
+                if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
                 sink.done();
                 return true;
               }
@@ -150,12 +181,14 @@ struct HttpServer::Impl {
           }
         },
         // Also when the provider never ran (the connection failed before the headers went out).
-        [p](bool success) {
+        [p, count](bool success) {
           if (!success) p->job->Cancel();
         });
   }
 
-  void Messages(const httplib::Request& req, httplib::Response& res, bool count_only) {
+  // `count` (null for count_tokens) is told the outcome of a plain response here; a streamed one
+  // tells its own.
+  void Messages(const httplib::Request& req, httplib::Response& res, bool count_only, std::shared_ptr<RequestCount> count) {
     LogLong(("POST " + req.path + " body").c_str(), req.body);
     const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return SetError(res, Api::kAnthropic, InvalidRequest("the request body is not valid JSON"));
@@ -174,8 +207,9 @@ struct HttpServer::Impl {
     }
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kAnthropic, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
     auto w = std::make_shared<AnthropicWriter>(sm, aopts, n_prompt);
-    if (aopts.stream) return Stream(res, p, w, /*pings=*/true);
+    if (aopts.stream) return Stream(res, p, w, /*pings=*/true, std::move(count));
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kAnthropic, last.error);
@@ -183,7 +217,7 @@ struct HttpServer::Impl {
     res.set_content(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
-  void ChatCompletions(const httplib::Request& req, httplib::Response& res) {
+  void ChatCompletions(const httplib::Request& req, httplib::Response& res, std::shared_ptr<RequestCount> count) {
     LogLong("POST /v1/chat/completions body", req.body);
     const Json body = Json::parse(req.body, nullptr, false);
     if (body.is_discarded()) return SetError(res, Api::kOpenAI, InvalidRequest("the request body is not valid JSON"));
@@ -195,13 +229,26 @@ struct HttpServer::Impl {
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
     auto w = std::make_shared<OpenAIWriter>(oopts, n_prompt);
-    if (oopts.stream) return Stream(res, p, w, /*pings=*/false);
+    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
     w->Event(last);
     res.set_content(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+  }
+
+  // GET /health: 200 with the engine's state when it accepts requests, else 503.
+  void Health(httplib::Response& res) const {
+    const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
+    const bool ready = st.state == EngineState::kReady;
+    const char* status = ready ? "ok" : st.state == EngineState::kStopping ? "stopping" : "loading";
+    const Json body = {{"status", status},         {"model", sm.id},           {"active", st.active},
+                       {"queued", st.queued},      {"max_active", st.max_active}, {"max_queued", st.max_queued},
+                       {"n_ctx", st.n_ctx}};
+    res.status = ready ? 200 : 503;
+    res.set_content(body.dump(), "application/json");
   }
 
   void Setup() {
@@ -223,27 +270,33 @@ struct HttpServer::Impl {
       }
       size_t header_bytes = 0;
       for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-      if (header_bytes > opts.max_header_bytes) {
-        SetError(res, api, {ApiErrorType::kRequestTooLarge, "request headers exceed " + std::to_string(opts.max_header_bytes) + " bytes"});
+      auto refuse = [&](const ApiError& e) {
+        SetError(res, api, e);
+        if (req.method == "POST" && IsGenerationPath(req.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
         return httplib::Server::HandlerResponse::Handled;
-      }
-      if (loopback && req.has_header("Host") && !IsLoopbackHostHeader(req.get_header_value("Host"))) {
-        SetError(res, api, {ApiErrorType::kPermission, "Host '" + req.get_header_value("Host") +
-                                                           "' is not a loopback name; this server only answers local clients"});
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      if (!opts.api_key.empty()) {
+      };
+      if (header_bytes > opts.max_header_bytes)
+        return refuse({ApiErrorType::kRequestTooLarge, "request headers exceed " + std::to_string(opts.max_header_bytes) + " bytes"});
+      if (loopback && req.has_header("Host") && !IsLoopbackHostHeader(req.get_header_value("Host")))
+        return refuse({ApiErrorType::kPermission, "Host '" + req.get_header_value("Host") +
+                                                      "' is not a loopback name; this server only answers local clients"});
+      // /health and /metrics answer without the key (as llama.cpp's /health does): probes and
+      // scrapers rarely carry one, and neither shows request content (docs/api.md).
+      const bool open_path = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+      if (!opts.api_key.empty() && !open_path) {
         const std::string bearer = "Bearer " + opts.api_key;
-        if (req.get_header_value("x-api-key") != opts.api_key && req.get_header_value("Authorization") != bearer) {
-          SetError(res, api, {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
-          return httplib::Server::HandlerResponse::Handled;
-        }
+        if (req.get_header_value("x-api-key") != opts.api_key && req.get_header_value("Authorization") != bearer)
+          return refuse({ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       const Api api = ApiOfPath(req.path);
+      // Refused by the library before any handler ran (a body over the limit): still a finished
+      // generation request. Handler-made errors have a body and are counted by their handler.
+      if (req.method == "POST" && IsGenerationPath(req.path) && res.status != 404 && res.status != 405)
+        CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
       if (res.status == 404) {
         SetError(res, api, {ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
       } else if (res.status == 413) {
@@ -270,10 +323,25 @@ struct HttpServer::Impl {
       SetError(res, ApiOfPath(req.path), {ApiErrorType::kApi, "internal error: " + what});
     });
 
-    svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { Messages(req, res, false); });
+    svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+      auto count = std::make_shared<RequestCount>(sm.metrics, Api::kAnthropic);
+      Messages(req, res, false, count);
+      count->outcome = OutcomeOfStatus(res.status);  // a streamed response holds its own reference
+    });
     svr.Post("/v1/messages/count_tokens",
-             [this](const httplib::Request& req, httplib::Response& res) { Messages(req, res, true); });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { ChatCompletions(req, res); });
+             [this](const httplib::Request& req, httplib::Response& res) { Messages(req, res, true, nullptr); });
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      auto count = std::make_shared<RequestCount>(sm.metrics, Api::kOpenAI);
+      ChatCompletions(req, res, count);
+      count->outcome = OutcomeOfStatus(res.status);
+    });
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) { Health(res); });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      static const ServerMetrics kNone;
+      const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
+      res.set_content(RenderPrometheus(sm.metrics != nullptr ? *sm.metrics : kNone, st),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const Json entry = ModelEntry();
       Json body = {{"object", "list"},

@@ -6,6 +6,8 @@
 //   POST /v1/messages/count_tokens
 //   POST /v1/chat/completions       OpenAI Chat Completions (openai_api.*)
 //   GET  /v1/models, /v1/models/{id}
+//   GET  /health                    engine state and counts (200 ready, 503 otherwise); no API key
+//   GET  /metrics                   Prometheus text (metrics.h); no API key
 //   HEAD any path                   200
 #pragma once
 

@@ -212,6 +212,7 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
     }
     case StreamEvent::Kind::kDone: {
       output_tokens_ = ev.output_tokens;
+      cached_tokens_ = ev.cache_read_tokens;
       switch (ev.finish) {
         case FinishReason::kMaxTokens: finish_ = "length"; break;
         case FinishReason::kToolUse: finish_ = "tool_calls"; break;
@@ -224,10 +225,7 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
                   {"created", created_},
                   {"model", opts_.model},
                   {"choices", Json::array()},
-                  {"usage",
-                   {{"prompt_tokens", input_tokens_},
-                    {"completion_tokens", output_tokens_},
-                    {"total_tokens", input_tokens_ + output_tokens_}}}};
+                  {"usage", Usage()}};
         out += "data: " + Dump(u) + "\n\n";
       }
       return out + "data: [DONE]\n\n";
@@ -247,10 +245,14 @@ Json OpenAIWriter::Completion() const {
           {"created", created_},
           {"model", opts_.model},
           {"choices", Json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_}}})},
-          {"usage",
-           {{"prompt_tokens", input_tokens_},
-            {"completion_tokens", output_tokens_},
-            {"total_tokens", input_tokens_ + output_tokens_}}}};
+          {"usage", Usage()}};
+}
+
+Json OpenAIWriter::Usage() const {
+  return {{"prompt_tokens", input_tokens_},
+          {"completion_tokens", output_tokens_},
+          {"total_tokens", input_tokens_ + output_tokens_},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
 }
 
 }  // namespace mr::server

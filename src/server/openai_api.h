@@ -30,12 +30,15 @@ class OpenAIWriter {
 
  private:
   std::string Chunk(nlohmann::ordered_json delta, const nlohmann::ordered_json& finish) const;
+  // prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused (prefix cache).
+  nlohmann::ordered_json Usage() const;
 
   OpenAIOptions opts_;
   std::string id_;
   int64_t created_ = 0;
   int64_t input_tokens_ = 0;
   int64_t output_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   std::string content_;
   std::string reasoning_;
   nlohmann::ordered_json tool_calls_ = nlohmann::ordered_json::array();

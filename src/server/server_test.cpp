@@ -3,12 +3,18 @@
 // writers, signatures.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
+#include <regex>
+#include <sstream>
+
 #include "model/chat_format.h"
 #include "model/gguf.h"
 #include "model/test_models.h"
 #include "server/anthropic_api.h"
 #include "server/http_server.h"
 #include "server/json_schema.h"
+#include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/output_parser.h"
 #include "server/signing.h"
@@ -429,6 +435,176 @@ TEST(Utf8, CompletePrefix) {
   EXPECT_EQ(CompleteUtf8Prefix("a\xC3\xA9"), 3u);
   EXPECT_EQ(CompleteUtf8Prefix("\xE2\x82"), 0u);
   EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98\x80"), 4u);
+}
+
+// A small Prometheus text-format (0.0.4) reader, independent of the renderer: families from
+// "# TYPE" lines, samples with their labels.
+struct PromSample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0.0;
+};
+struct PromText {
+  std::map<std::string, std::string> types;  // family -> counter | gauge | histogram
+  std::vector<PromSample> samples;
+  std::vector<std::string> errors;
+  // The family a sample belongs to (histogram samples carry a suffix).
+  std::string Family(const std::string& name) const {
+    if (types.count(name)) return name;
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string sfx = suffix;
+      if (name.size() > sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0) {
+        const std::string base = name.substr(0, name.size() - sfx.size());
+        auto it = types.find(base);
+        if (it != types.end() && it->second == "histogram") return base;
+      }
+    }
+    return "";
+  }
+  double Value(const std::string& name, const std::map<std::string, std::string>& labels = {}) const {
+    for (const PromSample& s : samples)
+      if (s.name == name && s.labels == labels) return s.value;
+    return NAN;
+  }
+};
+
+PromText ParseProm(const std::string& text) {
+  PromText out;
+  const std::regex type_re(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
+  const std::regex help_re(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
+  const std::regex sample_re(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$)");
+  const std::regex label_re(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)")re");
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, type_re)) {
+      if (out.types.count(m[1])) out.errors.push_back("second TYPE for " + m[1].str());
+      out.types[m[1]] = m[2];
+    } else if (std::regex_match(line, help_re)) {
+    } else if (std::regex_match(line, m, sample_re)) {
+      PromSample s;
+      s.name = m[1];
+      const std::string labels = m[3];
+      for (auto it = std::sregex_iterator(labels.begin(), labels.end(), label_re); it != std::sregex_iterator(); ++it)
+        s.labels[(*it)[1]] = (*it)[2];
+      const std::string v = m[4];
+      s.value = v == "+Inf" ? INFINITY : std::strtod(v.c_str(), nullptr);
+      out.samples.push_back(std::move(s));
+    } else {
+      out.errors.push_back("unparsed line: " + line);
+    }
+  }
+  return out;
+}
+
+TEST(Metrics, PrometheusTextIsWellFormed) {
+  ServerMetrics m;
+  m.requests[0][static_cast<int>(Outcome::kOk)] = 3;
+  m.requests[1][static_cast<int>(Outcome::kRateLimited)] = 2;
+  m.generated_tokens = 99;
+  m.cache_hit_tokens = 7;
+  const double observed[] = {0.003, 0.01, 0.3, 0.3, 7.5, 200.0};  // 0.01 sits on a bound (le is inclusive)
+  double observed_sum = 0.0;
+  for (double v : observed) {
+    m.ttft_s.Observe(v);
+    observed_sum += v;
+  }
+  EngineStatus st;
+  st.state = EngineState::kReady;
+  st.active = 2;
+  st.queued = 1;
+  st.prefix_cache_bytes = 12345;
+  const std::string text = RenderPrometheus(m, st);
+  const PromText p = ParseProm(text);
+  EXPECT_TRUE(p.errors.empty()) << p.errors[0] << "\n" << text;
+  ASSERT_FALSE(p.samples.empty());
+  for (const PromSample& s : p.samples) {
+    const std::string family = p.Family(s.name);
+    ASSERT_FALSE(family.empty()) << "sample without a TYPE: " << s.name;
+    if (p.types.at(family) == "counter") {
+      EXPECT_EQ(family.substr(family.size() - 6), "_total") << family;
+      EXPECT_GE(s.value, 0.0);
+    }
+  }
+  // Every histogram: ascending bounds, cumulative counts, +Inf == _count.
+  int histograms = 0;
+  for (const auto& [family, type] : p.types) {
+    if (type != "histogram") continue;
+    ++histograms;
+    double last_le = -INFINITY, last_count = 0.0;
+    bool inf = false;
+    for (const PromSample& s : p.samples) {
+      if (s.name != family + "_bucket") continue;
+      ASSERT_EQ(s.labels.count("le"), 1u) << family;
+      const double le = s.labels.at("le") == "+Inf" ? INFINITY : std::strtod(s.labels.at("le").c_str(), nullptr);
+      EXPECT_GT(le, last_le) << family;
+      EXPECT_GE(s.value, last_count) << family;
+      last_le = le;
+      last_count = s.value;
+      inf |= std::isinf(le);
+    }
+    EXPECT_TRUE(inf) << family << " has no le=\"+Inf\" bucket";
+    EXPECT_EQ(last_count, p.Value(family + "_count")) << family;
+    EXPECT_FALSE(std::isnan(p.Value(family + "_sum"))) << family;
+  }
+  EXPECT_EQ(histograms, 5);
+  const std::string ttft = "mererun_time_to_first_token_seconds";
+  EXPECT_EQ(p.Value(ttft + "_count"), 6.0);
+  EXPECT_NEAR(p.Value(ttft + "_sum"), observed_sum, 1e-9);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "0.005"}}), 1.0);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "0.01"}}), 2.0);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "0.5"}}), 4.0);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "10"}}), 5.0);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "120"}}), 5.0);
+  EXPECT_EQ(p.Value(ttft + "_bucket", {{"le", "+Inf"}}), 6.0);
+  EXPECT_EQ(p.Value("mererun_requests_total", {{"api", "anthropic"}, {"outcome", "ok"}}), 3.0);
+  EXPECT_EQ(p.Value("mererun_requests_total", {{"api", "openai"}, {"outcome", "rate_limited"}}), 2.0);
+  EXPECT_EQ(p.Value("mererun_requests_total", {{"api", "openai"}, {"outcome", "cancelled"}}), 0.0);
+  EXPECT_EQ(p.Value("mererun_generated_tokens_total"), 99.0);
+  EXPECT_EQ(p.Value("mererun_prefix_cache_hit_tokens_total"), 7.0);
+  EXPECT_EQ(p.Value("mererun_active_sequences"), 2.0);
+  EXPECT_EQ(p.Value("mererun_queued_requests"), 1.0);
+  EXPECT_EQ(p.Value("mererun_prefix_cache_bytes"), 12345.0);
+  EXPECT_EQ(p.Value("mererun_ready"), 1.0);
+  EXPECT_GT(p.Value("mererun_resident_memory_bytes"), 1e6);
+  EXPECT_EQ(p.types.at("mererun_ready"), "gauge");
+  st.state = EngineState::kLoading;
+  EXPECT_EQ(ParseProm(RenderPrometheus(m, st)).Value("mererun_ready"), 0.0);
+  EXPECT_STREQ(OutcomeName(Outcome::kOverloaded), "overloaded");
+}
+
+TEST(AnthropicWriter, UsageSplitsThePromptByCache) {
+  ServedModel sm = FakeServed();
+  AnthropicOptions o;
+  o.model = "m";
+  AnthropicWriter w(sm, o, 100);
+  const auto start = ParseSse(w.Start());
+  const Json& u0 = start[0].second["message"]["usage"];
+  EXPECT_EQ(u0["input_tokens"], 100);  // nothing is known of the cache before the job ran
+  EXPECT_EQ(u0["cache_read_input_tokens"], 0);
+  EXPECT_EQ(u0["cache_creation_input_tokens"], 0);
+  StreamEvent d;
+  d.kind = StreamEvent::Kind::kDone;
+  d.output_tokens = 3;
+  d.cache_read_tokens = 60;
+  d.cache_creation_5m_tokens = 25;
+  d.cache_creation_1h_tokens = 10;
+  const auto end = ParseSse(w.Event(d));
+  ASSERT_EQ(end[0].first, "message_delta");
+  for (const Json& u : {end[0].second["usage"], w.Message()["usage"]}) {
+    EXPECT_EQ(u["input_tokens"], 5);
+    EXPECT_EQ(u["cache_read_input_tokens"], 60);
+    EXPECT_EQ(u["cache_creation_input_tokens"], 35);
+    EXPECT_EQ(u["cache_creation"]["ephemeral_5m_input_tokens"], 25);
+    EXPECT_EQ(u["cache_creation"]["ephemeral_1h_input_tokens"], 10);
+    EXPECT_EQ(u["output_tokens"], 3);
+  }
+  OpenAIOptions oo;
+  OpenAIWriter ow(oo, 100);
+  ow.Event(d);
+  EXPECT_EQ(ow.Completion()["usage"]["prompt_tokens"], 100);
+  EXPECT_EQ(ow.Completion()["usage"]["prompt_tokens_details"]["cached_tokens"], 60);
 }
 
 TEST(HostHeader, LoopbackNames) {
