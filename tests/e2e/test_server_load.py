@@ -469,8 +469,12 @@ def test_200_random_disconnects_leak_nothing(multi):
         results = list(ex.map(lambda r: one_random_client(multi, r), rngs))
     elapsed = time.time() - t0
     complete = [r for m, r in results if m == "complete"]
-    bad = [r for r in complete if not (r[0] == "HTTP/1.1 200" and r[1])]
+    # Closed clients are noticed within ~100 ms, so the queue (16) can briefly fill: a 429 with
+    # its proper body is a correct answer; anything else is not.
+    limited = [r for r in complete if r[0] == "HTTP/1.1 429" and b"rate_limit" in r[2]]
+    bad = [r for r in complete if not (r[0] == "HTTP/1.1 200" and r[1]) and r not in limited]
     assert not bad, f"{len(bad)} of {len(complete)} complete requests failed: {bad[:3]}"
+    assert len(limited) < len(complete) // 2, f"{len(limited)} of {len(complete)} complete requests got 429"
     waited = wait_idle(multi)
     _, h = health(multi)
     assert h["active"] == 0 and h["queued"] == 0, f"leaked slots: {h}"
@@ -478,6 +482,6 @@ def test_200_random_disconnects_leak_nothing(multi):
     assert m.get("mererun_cancellations_total", 0) > before, m
     if "mererun_active_sequences" in m:
         assert m["mererun_active_sequences"] == 0
-    print(f"200 random clients in {elapsed:.1f}s ({len(complete)} complete), idle after {waited:.2f}s, "
+    print(f"200 random clients in {elapsed:.1f}s ({len(complete)} complete, {len(limited)} 429), idle after {waited:.2f}s, "
           f"cancellations {m['mererun_cancellations_total'] - before:.0f}")
     assert ask(multi)[0] == baseline
