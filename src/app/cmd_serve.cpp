@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <chrono>
 #include <thread>
 
 #include "app/commands.h"
 #include "app/model_opts.h"
+#include "runtime/generator.h"
 #include "server/engine.h"
 #include "server/http_server.h"
 #include "server/signing.h"
@@ -87,6 +89,8 @@ int CmdServe(const Args& args) {
   server::ServerMetrics metrics;
   sm.metrics = &metrics;
   server::Engine engine(*model, eopts, &metrics);
+  // The warm-up generation runs before the port opens, so the first client is served at once.
+  while (engine.Status().state == server::EngineState::kLoading) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   sm.engine = &engine;
   server::HttpServer http(sm, sopts);
 

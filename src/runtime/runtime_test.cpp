@@ -241,10 +241,12 @@ TEST_F(GeneratorTest, CallbackStopCancellationAndBadPrompts) {
   EXPECT_EQ(r->stop, StopCause::kCallback);
   EXPECT_EQ(r->generated, 5);
 
-  // Cancelled during prefill: no token is produced.
+  // Cancelled between prefill chunks: no token is produced.
   gen.ResetCache();
   int polls = 0;
-  r = gen.Generate(prompt, GreedyParams(50), [&](TokenId) { ADD_FAILURE(); return true; }, [&] { return ++polls > 1; });
+  GenerateParams chunked = GreedyParams(50);
+  chunked.prefill_chunk = 2;
+  r = gen.Generate(prompt, chunked, [&](TokenId) { ADD_FAILURE(); return true; }, [&] { return ++polls > 1; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->stop, StopCause::kCancelled);
   EXPECT_EQ(r->generated, 0);

@@ -1,29 +1,38 @@
 #include "server/engine.h"
 
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <unordered_map>
+
 #include "base/log.h"
+#include "model/gguf.h"
+#include "runtime/generator.h"
+#include "runtime/prefix_cache.h"
 
 namespace mr::server {
+namespace {
 
-// Interim implementation (one job at a time through a Generator) behind the batched engine's
-// interface; replaced by the slot-and-scheduler engine.
-struct Engine::Impl {
-  Impl(Model& model, const EngineOptions& o, ServerMetrics* m)
-      : model_(model), n_ctx_(o.n_ctx), max_queued_(static_cast<size_t>(o.max_queued)), metrics(m), generator_(model, o.n_ctx) {}
-  void Loop();
-  Result<JobResult> Run(EngineJob& job);
-  void CancelAll();
-  Model& model_;
-  const int64_t n_ctx_;
-  const size_t max_queued_;
-  ServerMetrics* metrics;
-  Generator generator_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<EngineJob>> queue_;
-  std::shared_ptr<EngineJob> running_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The prefix cache's configuration key: the model file and everything that changes arithmetic.
+uint64_t CacheConfigKey(const Model& m) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  };
+  mix(m.file().path());
+  mix(std::to_string(m.file().file_size()));
+  mix(m.ref_path() ? "ref" : "fast");
+  mix(std::to_string(static_cast<int>(m.cpu_variant())));
+  mix(std::to_string(kActGroup));
+  return h;
+}
+
+}  // namespace
 
 const char* EngineStateName(EngineState s) {
   switch (s) {
@@ -34,122 +43,407 @@ const char* EngineStateName(EngineState s) {
   return "?";
 }
 
+struct Engine::Impl {
+  struct Slot {
+    Slot(Model& m, int64_t n_ctx) : seq(m, n_ctx) {}
+    Sequence seq;
+    std::shared_ptr<EngineJob> job;  // null: free
+    sched::SeqId id = 0;
+    Clock::time_point submitted, last_token;
+    bool got_token = false;
+  };
+  struct Entry {  // one sequence's rows in the current step
+    Slot* slot;
+    int64_t rows;
+    int64_t out_rows;
+    bool prefill;  // rows the scheduler counts as prompt prefill
+  };
+
+  Impl(Model& m, const EngineOptions& o, ServerMetrics* mt)
+      : model(m),
+        opts(o),
+        metrics(mt),
+        sched(sched::Limits{o.max_active, o.max_queued, o.max_queued_tokens, o.step_rows, o.prefill_chunk,
+                            std::min<int64_t>(16, o.step_rows)}) {
+    sched.set_ready(false);
+    if (o.prefix_cache_bytes > 0) {
+      PrefixCache::Options po;
+      po.byte_budget = o.prefix_cache_bytes;
+      const ModelConfig& c = m.config();
+      cache = std::make_unique<PrefixCache>(CacheConfigKey(m), c.n_layer, c.n_head_kv * c.head_dim, po);
+    }
+  }
+
+  void Loop();
+  void WarmUp();
+  Slot* TakeSlot(const std::vector<TokenId>& prompt);
+  Slot* SlotOf(sched::SeqId id);
+  void StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clock::time_point submitted);
+  void Step(const sched::Plan& plan);
+  // Ends the slot's job: reports the outcome, frees the slot (and its KV memory when `release`).
+  void Finish(Slot& s, const mr::Status& error, bool release);
+  bool OnToken(Slot& s, TokenId t);
+  void Publish();  // refresh the gauges Status() reads
+
+  Model& model;
+  const EngineOptions opts;
+  ServerMetrics* metrics;
+  std::unique_ptr<PrefixCache> cache;  // engine thread
+  std::vector<std::unique_ptr<Slot>> slots;  // engine thread; created on demand, up to max_active
+  std::vector<Model::BatchSeq> batch;
+  std::vector<Entry> entries;
+  std::vector<float> logits;
+  double prefill_tps = 500.0;  // prompt tokens/s estimate (retry-after)
+
+  mutable std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  sched::Scheduler sched;
+  struct Waiting {
+    std::shared_ptr<EngineJob> job;
+    Clock::time_point submitted;
+  };
+  std::unordered_map<sched::SeqId, Waiting> queued;
+  std::unordered_map<sched::SeqId, std::shared_ptr<EngineJob>> running;
+  sched::SeqId next_id = 1;
+  EngineState state = EngineState::kLoading;
+  std::deque<std::pair<Clock::time_point, int64_t>> token_window;  // (step end, tokens generated)
+  size_t cache_bytes = 0, kv_bytes = 0;
+  int64_t cache_blocks = 0;
+  std::thread thread;
+};
+
 Engine::Engine(Model& model, const EngineOptions& opts, ServerMetrics* metrics)
     : model_(model), opts_(opts), impl_(std::make_unique<Impl>(model, opts, metrics)) {
-  impl_->thread_ = std::thread([this] { impl_->Loop(); });
-}
-
-EngineStatus Engine::Status() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
-  EngineStatus s;
-  s.state = impl_->stopping_ ? EngineState::kStopping : EngineState::kReady;
-  s.active = impl_->running_ ? 1 : 0;
-  s.queued = static_cast<int>(impl_->queue_.size());
-  s.max_active = 1;
-  s.max_queued = static_cast<int>(impl_->max_queued_);
-  s.n_ctx = impl_->n_ctx_;
-  return s;
+  impl_->thread = std::thread([this] { impl_->Loop(); });
 }
 
 Engine::~Engine() {
-  Impl* im = impl_.get();
-  std::deque<std::shared_ptr<EngineJob>> left;
   {
-    std::lock_guard<std::mutex> lock(im->mu_);
-    im->stopping_ = true;
-    left.swap(im->queue_);
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->state = EngineState::kStopping;
+    impl_->sched.set_ready(false);
   }
-  im->cv_.notify_all();
-  for (auto& job : left) job->cancelled = true;
   CancelAll();
-  im->thread_.join();
-  for (auto& job : left)
-    if (job->on_done) job->on_done(Result<JobResult>(mr::Status(ErrorCode::kInternal, "server is shutting down")));
+  impl_->cv.notify_all();
+  impl_->thread.join();
 }
 
-void Engine::CancelAll() { impl_->CancelAll(); }
-
-void Engine::Impl::CancelAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (running_) running_->cancelled = true;
-  for (auto& job : queue_) job->cancelled = true;
+void Engine::CancelAll() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& [id, w] : impl_->queued) w.job->Cancel();
+  for (auto& [id, job] : impl_->running) job->Cancel();
 }
 
 SubmitResult Engine::Submit(std::shared_ptr<EngineJob> job) {
-  Impl* im = impl_.get();
+  Impl& im = *impl_;
   {
-    std::lock_guard<std::mutex> lock(im->mu_);
-    if (im->stopping_) return {sched::Admit::kOverloaded, 1};
-    if (im->queue_.size() >= im->max_queued_) return {sched::Admit::kQueueFull, 1};
-    im->queue_.push_back(std::move(job));
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (im.state == EngineState::kStopping) return {sched::Admit::kOverloaded, 1};
+    const sched::SeqId id = im.next_id++;
+    const sched::Admit a = im.sched.Submit(id, static_cast<int64_t>(job->prompt.size()));
+    if (a != sched::Admit::kQueued) return {a, im.sched.RetryAfterSeconds(im.prefill_tps)};
+    im.queued.emplace(id, Impl::Waiting{std::move(job), Clock::now()});
   }
-  im->cv_.notify_one();
+  im.cv.notify_one();
   return {};
 }
 
-void Engine::Impl::Loop() {
-  for (;;) {
-    std::shared_ptr<EngineJob> job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = job;
-    }
-    Result<JobResult> r = Run(*job);
-    if (job->on_done) job->on_done(r);
-    std::lock_guard<std::mutex> lock(mu_);
-    running_.reset();
+EngineStatus Engine::Status() const {
+  const Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  EngineStatus s;
+  s.state = im.state;
+  s.active = im.sched.active();
+  s.queued = im.sched.queued();
+  s.max_active = opts_.max_active;
+  s.max_queued = opts_.max_queued;
+  s.n_ctx = opts_.n_ctx;
+  if (im.token_window.size() >= 2) {
+    int64_t tokens = 0;
+    for (size_t i = 1; i < im.token_window.size(); ++i) tokens += im.token_window[i].second;
+    const double span = std::chrono::duration<double>(im.token_window.back().first - im.token_window.front().first).count();
+    if (span > 0) s.decode_tokens_per_s = static_cast<double>(tokens) / span;
   }
+  s.prefix_cache_bytes = im.cache_bytes;
+  s.prefix_cache_blocks = im.cache_blocks;
+  s.kv_bytes_in_use = im.kv_bytes;
+  return s;
 }
 
-Result<JobResult> Engine::Impl::Run(EngineJob& job) {
-  JobResult res;
-  res.prompt_tokens = static_cast<int64_t>(job.prompt.size());
-  if (job.cancelled) {
-    res.stop = StopCause::kCancelled;
-    return res;
+void Engine::Impl::WarmUp() {
+  // One short generation, so the first request does not pay first-use costs (page faults of the
+  // weights, workspace growth). Its cache is thrown away.
+  Generator g(model, 256);
+  auto r = g.WarmUp(SpecParams{}, 8);
+  if (!r.ok()) MR_LOGW("engine", "warm-up failed: %s", r.status().message().c_str());
+}
+
+Engine::Impl::Slot* Engine::Impl::SlotOf(sched::SeqId id) {
+  for (auto& s : slots)
+    if (s->job && s->id == id) return s.get();
+  return nullptr;
+}
+
+Engine::Impl::Slot* Engine::Impl::TakeSlot(const std::vector<TokenId>& prompt) {
+  // The free slot whose cache shares the longest prefix with the prompt; a new slot only when
+  // no free one shares anything and there is room.
+  Slot* best = nullptr;
+  size_t best_len = 0;
+  for (auto& s : slots) {
+    if (s->job) continue;
+    const auto& c = s->seq.cached_tokens();
+    size_t n = 0;
+    while (n < c.size() && n < prompt.size() && c[n] == prompt[n]) ++n;
+    if (best == nullptr || n > best_len) {
+      best = s.get();
+      best_len = n;
+    }
   }
-  std::vector<TokenId> seq = job.prompt;  // prompt + everything produced so far
-  const Generator::CancelFn cancelled = [&job] { return job.cancelled.load(std::memory_order_relaxed); };
-  bool first = true;
+  if ((best == nullptr || best_len == 0) && static_cast<int>(slots.size()) < opts.max_active) {
+    slots.push_back(std::make_unique<Slot>(model, opts.n_ctx));
+    return slots.back().get();
+  }
+  return best;
+}
+
+void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clock::time_point submitted) {
+  Slot* s = TakeSlot(job->prompt);
+  if (s == nullptr) {  // cannot happen: the scheduler admits at most max_active
+    job->on_done(mr::Status(ErrorCode::kInternal, "no free sequence slot"));
+    std::lock_guard<std::mutex> lock(mu);
+    sched.Finish(id);
+    running.erase(id);
+    return;
+  }
+  if (metrics) metrics->queue_wait_s.Observe(Since(submitted));
+  s->job = std::move(job);
+  s->id = id;
+  s->submitted = submitted;
+  s->got_token = false;
+  mr::Status st = s->seq.Start(s->job->prompt, s->job->params, cache.get());
+  if (!st.ok()) return Finish(*s, st, false);
+  std::lock_guard<std::mutex> lock(mu);
+  sched.Prefilled(id, s->seq.stats().reused_tokens);
+}
+
+bool Engine::Impl::OnToken(Slot& s, TokenId t) {
+  const auto now = Clock::now();
+  if (metrics) {
+    if (!s.got_token) metrics->ttft_s.Observe(std::chrono::duration<double>(now - s.submitted).count());
+    else metrics->itl_s.Observe(std::chrono::duration<double>(now - s.last_token).count());
+  }
+  s.got_token = true;
+  s.last_token = now;
+  return s.job->on_token(t);
+}
+
+void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
+  std::shared_ptr<EngineJob> job = std::move(s.job);
+  s.job = nullptr;
+  const GenerateStats& st = s.seq.stats();
+  const bool cancelled = job->cancelled.load() || st.stop == StopCause::kCancelled;
+  if (error.ok() && !cancelled) s.seq.StoreInCache();
+  if (release || !error.ok()) s.seq.ReleaseCache();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched.Finish(s.id);
+    running.erase(s.id);
+  }
+  if (metrics) {
+    metrics->prompt_tokens += static_cast<uint64_t>(st.prompt_tokens);
+    metrics->prefill_tokens += static_cast<uint64_t>(std::max<int64_t>(0, st.prompt_tokens - st.reused_tokens));
+    metrics->cache_hit_tokens += static_cast<uint64_t>(st.reused_tokens);
+    metrics->spec_drafted += static_cast<uint64_t>(st.drafted);
+    metrics->spec_accepted += static_cast<uint64_t>(st.accepted);
+    if (cancelled) {
+      ++metrics->cancellations;
+      const int64_t at = job->cancelled_at_ns.load();
+      if (at > 0) metrics->cancel_release_s.Observe(static_cast<double>(Clock::now().time_since_epoch().count() - at) * 1e-9);
+    }
+  }
+  if (!error.ok()) {
+    job->on_done(error);
+    return;
+  }
+  JobResult r;
+  r.prompt_tokens = st.prompt_tokens;
+  r.reused_tokens = st.reused_tokens;
+  // Prompt caching usage: what was read, and what this request computed and stored up to its
+  // last breakpoint (the part up to the last 1h breakpoint under 1h); the rest is plain input.
+  r.cache_read_tokens = st.reused_tokens;
+  int64_t last = 0, last_1h = 0;
+  for (const CacheBreakpoint& b : job->cache_breakpoints) {
+    const int64_t end = std::clamp<int64_t>(b.end, 0, st.prompt_tokens);
+    last = std::max(last, end);
+    if (b.one_hour) last_1h = std::max(last_1h, end);
+  }
+  const int64_t created = std::max<int64_t>(0, last - r.cache_read_tokens);
+  r.cache_creation_1h_tokens = std::max<int64_t>(0, last_1h - r.cache_read_tokens);
+  r.cache_creation_5m_tokens = created - r.cache_creation_1h_tokens;
+  r.output_tokens = st.generated + st.injected;
+  r.stop = cancelled ? StopCause::kCancelled : st.stop;
+  r.prefill_s = st.prefill_s;
+  r.decode_s = st.decode_s;
+  MR_LOGD("engine", "seq %llu: prompt %lld (reused %lld, %lld from the prefix cache), output %lld, stop %s",
+          (unsigned long long)s.id, (long long)st.prompt_tokens, (long long)st.reused_tokens,
+          (long long)st.cache_restored, (long long)r.output_tokens, StopCauseName(r.stop));
+  job->on_done(r);
+}
+
+void Engine::Impl::Step(const sched::Plan& plan) {
+  const int64_t n_vocab = model.config().n_vocab;
+  batch.clear();
+  entries.clear();
+  for (const sched::Work& w : plan.work) {
+    Slot* s = SlotOf(w.id);
+    if (s == nullptr || s->seq.done()) continue;
+    // Tokens injected by a continuation are prefilled in the sequence's decode turn.
+    int64_t max_rows = w.rows;
+    if (!w.prefill && s->seq.prefilling()) max_rows = std::max<int64_t>(w.rows, std::min<int64_t>(s->seq.prefill_left(), 32));
+    const bool prefill = w.prefill && s->seq.prefilling();
+    Result<Sequence::StepRows> r = s->seq.NextRows(max_rows);
+    if (!r.ok()) {
+      Finish(*s, r.status(), true);
+      continue;
+    }
+    if (s->seq.done()) {
+      Finish(*s, mr::Status::Ok(), false);
+      continue;
+    }
+    batch.push_back(Model::BatchSeq{&s->seq.kv(), r->tokens, r->n, r->all_logits});
+    entries.push_back(Entry{s, r->n, r->all_logits ? r->n : 1, prefill});
+  }
+  if (batch.empty()) return;
+  int64_t out_rows = 0;
+  for (const Entry& e : entries) out_rows += e.out_rows;
+  if (static_cast<int64_t>(logits.size()) < out_rows * n_vocab) logits.resize(static_cast<size_t>(out_rows * n_vocab));
+  const auto t0 = Clock::now();
+  mr::Status st = model.ForwardBatch(std::span<const Model::BatchSeq>(batch), logits.data());
+  const double step_s = Since(t0);
+  if (metrics) metrics->step_s.Observe(step_s);
+  if (!st.ok()) {
+    MR_LOGE("engine", "forward pass failed: %s", st.message().c_str());
+    for (const Entry& e : entries) Finish(*e.slot, st, true);
+    return;
+  }
+  int64_t generated = 0, prefilled = 0;
+  const float* lg = logits.data();
+  for (const Entry& e : entries) {
+    Slot& s = *e.slot;
+    const int64_t before = s.seq.stats().generated;
+    mr::Status c = s.seq.Consume(lg, [this, &s](TokenId t) { return OnToken(s, t); });
+    lg += e.out_rows * n_vocab;
+    generated += s.seq.stats().generated - before;
+    if (e.prefill) {
+      prefilled += e.rows;
+      std::lock_guard<std::mutex> lock(mu);
+      sched.Prefilled(s.id, e.rows);
+    }
+    if (!c.ok()) {
+      Finish(s, c, true);
+      continue;
+    }
+    if (!s.seq.done()) continue;
+    if (s.seq.stats().stop == StopCause::kCallback && s.job->continuation && !s.job->cancelled) {
+      const std::vector<TokenId> more = s.job->continuation();
+      if (!more.empty() && s.seq.stats().generated + s.seq.stats().injected + static_cast<int64_t>(more.size()) <=
+                               s.job->params.max_tokens) {
+        s.seq.Inject(more);
+        continue;
+      }
+    }
+    Finish(s, mr::Status::Ok(), false);
+  }
+  if (prefilled > 0 && step_s > 0) prefill_tps = 0.8 * prefill_tps + 0.2 * (static_cast<double>(prefilled) / step_s);
+  if (metrics) metrics->generated_tokens += static_cast<uint64_t>(generated);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto now = Clock::now();
+  token_window.emplace_back(now, generated);
+  while (token_window.size() > 2 && now - token_window.front().first > std::chrono::seconds(10)) token_window.pop_front();
+}
+
+void Engine::Impl::Publish() {
+  size_t kv = 0;
+  for (auto& s : slots)
+    if (s->job) kv += static_cast<size_t>(s->seq.kv().n_past * s->seq.kv().kv_dim) * 2 * 2 * s->seq.kv().k.size();
+  std::lock_guard<std::mutex> lock(mu);
+  kv_bytes = kv;
+  cache_bytes = cache ? cache->bytes() : 0;
+  cache_blocks = cache ? cache->blocks() : 0;
+}
+
+void Engine::Impl::Loop() {
+  if (opts.warm_up) WarmUp();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (state == EngineState::kLoading) {
+      state = EngineState::kReady;
+      sched.set_ready(true);
+    }
+  }
+  MR_LOGI("engine", "ready: up to %d sequences, %d queued, %lld rows per step", opts.max_active, opts.max_queued,
+          (long long)opts.step_rows);
+  std::vector<std::shared_ptr<EngineJob>> left_queued;
+  std::vector<std::pair<sched::SeqId, Waiting>> starting;
   for (;;) {
-    GenerateParams p = job.params;
-    p.max_tokens = job.params.max_tokens - res.output_tokens;
-    if (p.max_tokens <= 0) {
-      res.stop = StopCause::kMaxTokens;
-      break;
+    sched::Plan plan;
+    left_queued.clear();
+    starting.clear();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        return state == EngineState::kStopping || sched.active() > 0 || sched.queued() > 0;
+      });
+      if (state == EngineState::kStopping) break;
+      if (sched.active() == 0 && sched.queued() == 0) continue;
+      // Cancelled while queued: out of the queue at once. Active: dropped by this plan.
+      for (auto it = queued.begin(); it != queued.end();) {
+        if (it->second.job->cancelled && sched.Cancel(it->first)) {
+          left_queued.push_back(std::move(it->second.job));
+          it = queued.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto& [id, job] : running)
+        if (job->cancelled) sched.Cancel(id);
+      plan = sched.Next();
+      for (sched::SeqId id : plan.started) {
+        auto it = queued.find(id);
+        running.emplace(id, it->second.job);
+        starting.emplace_back(id, std::move(it->second));
+        queued.erase(it);
+      }
     }
-    std::vector<TokenId> produced;
-    auto on_token = [&](TokenId t) {
-      produced.push_back(t);
-      return job.on_token(t);
-    };
-    Result<GenerateStats> st = generator_.Generate(seq, p, on_token, cancelled);
-    if (!st.ok()) return st.status();
-    if (first) res.reused_tokens = st->reused_tokens;
-    first = false;
-    res.prefill_s += st->prefill_s;
-    res.decode_s += st->decode_s;
-    res.output_tokens += st->generated;
-    res.stop = st->stop;
-    MR_LOGD("engine", "generate: prompt %lld (reused %lld), generated %lld, stop %s, prefill %.2f s, decode %.2f s",
-            (long long)st->prompt_tokens, (long long)st->reused_tokens, (long long)st->generated,
-            StopCauseName(st->stop), st->prefill_s, st->decode_s);
-    if (st->stop != StopCause::kCallback || !job.continuation) break;
-    std::vector<TokenId> more = job.continuation();
-    if (more.empty()) break;
-    seq.insert(seq.end(), produced.begin(), produced.end());
-    seq.insert(seq.end(), more.begin(), more.end());
-    res.output_tokens += static_cast<int64_t>(more.size());
-    if (static_cast<int64_t>(seq.size()) >= n_ctx_) {
-      res.stop = StopCause::kContextFull;
-      break;
+    for (auto& job : left_queued) {
+      if (metrics) ++metrics->cancellations;
+      JobResult r;
+      r.prompt_tokens = static_cast<int64_t>(job->prompt.size());
+      r.stop = StopCause::kCancelled;
+      job->on_done(r);
     }
+    for (sched::SeqId id : plan.dropped) {
+      if (Slot* s = SlotOf(id)) {
+        s->seq.Cancel();
+        Finish(*s, mr::Status::Ok(), /*release=*/true);
+      }
+    }
+    for (auto& [id, w] : starting) StartJob(id, std::move(w.job), w.submitted);
+    Step(plan);
+    Publish();
   }
-  return res;
+  // Shutting down: every job still here ends as cancelled.
+  for (auto& s : slots) {
+    if (!s->job) continue;
+    s->seq.Cancel();
+    Finish(*s, mr::Status::Ok(), false);
+  }
+  std::unordered_map<sched::SeqId, Waiting> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    rest.swap(queued);
+  }
+  for (auto& [id, w] : rest) w.job->on_done(mr::Status(ErrorCode::kInternal, "server is shutting down"));
 }
 
 }  // namespace mr::server

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,7 +24,7 @@
 
 #include "base/status.h"
 #include "model/model.h"
-#include "runtime/generator.h"
+#include "runtime/sequence.h"
 #include "sched/scheduler.h"
 #include "server/metrics.h"
 
@@ -63,6 +64,13 @@ struct EngineJob {
   // Engine thread, exactly once: the outcome (also when cancelled while queued).
   std::function<void(const Result<JobResult>&)> on_done;
   std::atomic<bool> cancelled{false};
+  // Any thread: cancels the job (the engine drops it at its next step) and records when, so
+  // the time from cancellation to release can be measured.
+  void Cancel() {
+    if (!cancelled.exchange(true))
+      cancelled_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+  std::atomic<int64_t> cancelled_at_ns{0};
 };
 
 struct EngineOptions {

@@ -108,7 +108,7 @@ struct HttpServer::Impl {
         next_check = Clock::now() + std::chrono::milliseconds(100);
         if (!p.job->cancelled && PeerClosed(p.fd)) {
           MR_LOGI("http", "client went away; cancelling its generation");
-          p.job->cancelled = true;
+          p.job->Cancel();
         }
       }
     }
@@ -124,7 +124,7 @@ struct HttpServer::Impl {
           auto send = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
           auto cancel = [&] {
             MR_LOGI("http", "client went away during a stream; cancelling its generation");
-            p->job->cancelled = true;
+            p->job->Cancel();
             return false;
           };
           if (!send(w->Start()) || (pings && !send(AnthropicWriter::Ping()))) return cancel();
@@ -151,7 +151,7 @@ struct HttpServer::Impl {
         },
         // Also when the provider never ran (the connection failed before the headers went out).
         [p](bool success) {
-          if (!success) p->job->cancelled = true;
+          if (!success) p->job->Cancel();
         });
   }
 

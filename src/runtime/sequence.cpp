@@ -1,0 +1,277 @@
+#include "runtime/sequence.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/prefix_cache.h"
+
+namespace mr {
+
+const char* StopCauseName(StopCause c) {
+  switch (c) {
+    case StopCause::kEndOfGeneration: return "end_of_generation";
+    case StopCause::kMaxTokens: return "max_tokens";
+    case StopCause::kCallback: return "callback";
+    case StopCause::kCancelled: return "cancelled";
+    case StopCause::kContextFull: return "context_full";
+  }
+  return "?";
+}
+
+std::pair<int, bool> ResolveDraftTokens(const SpecParams& spec) {
+  if (spec.draft_tokens >= 0) return {std::min(spec.draft_tokens, CostController::kMaxK), spec.adaptive};
+  const char* env = std::getenv("MERERUN_DRAFT_TOKENS");
+  if (env == nullptr || *env == '\0' || std::string(env) == "auto") return {kDefaultDraftTokens, true};
+  const int k = std::atoi(env);
+  return {std::clamp(k, 0, CostController::kMaxK), false};
+}
+
+Sequence::Sequence(Model& model, int64_t n_ctx) : model_(model), kv_(model.NewKvCache(n_ctx)) {}
+
+void Sequence::ReleaseCache() {
+  tokens_.clear();
+  kv_.n_past = 0;
+}
+
+Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& params, PrefixCache* cache) {
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (n_prompt == 0) return InvalidArgument("empty prompt");
+  if (n_prompt >= kv_.n_ctx)
+    return InvalidArgument("prompt is too long: " + std::to_string(n_prompt) + " tokens > " +
+                           std::to_string(kv_.n_ctx - 1) + " maximum");
+  const int64_t n_vocab = model_.config().n_vocab;
+  for (TokenId t : prompt)
+    if (t < 0 || t >= n_vocab) return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+
+  t_start_ = Clock::now();
+  params_ = params;
+  cache_ = cache;
+  stats_ = GenerateStats();
+  stats_.prompt_tokens = n_prompt;
+  // Keep the longest common prefix with what the cache holds, but evaluate at least the last
+  // prompt token: its logits start the decode.
+  int64_t keep = 0;
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(tokens_.size()), n_prompt - 1);
+  while (keep < limit && tokens_[keep] == prompt[keep]) ++keep;
+  kv_.n_past = keep;
+  tokens_.resize(static_cast<size_t>(keep));
+  if (cache_ != nullptr) {
+    const int64_t got = cache_->Restore(prompt, n_prompt - 1, keep, kv_);
+    if (got > keep) {
+      stats_.cache_restored = got - keep;
+      tokens_.assign(prompt.begin(), prompt.begin() + got);
+      keep = got;
+    }
+  }
+  stats_.reused_tokens = keep;
+  feed_.assign(prompt.begin(), prompt.end());
+  feed_pos_ = keep;
+  done_ = false;
+  decode_started_ = false;
+  have_pending_ = false;
+  last_emitted_ = -1;
+  step_ = StepKind::kNone;
+  sampler_.set_params(params.sampling);
+  rng_ = Rng(params.seeded ? params.seed : Rng::RandomSeed());
+  drafter_ = params.spec.drafter;
+  if (drafter_ != nullptr) {
+    const auto [k_max, adaptive] = ResolveDraftTokens(params.spec);
+    if (drafter_ != controller_drafter_) {
+      controller_ = CostController(k_max, adaptive);
+      controller_drafter_ = drafter_;
+    }
+    controller_.Configure(k_max, adaptive);
+    stats_.proposed_at.assign(static_cast<size_t>(k_max), 0);
+    stats_.accepted_at.assign(static_cast<size_t>(k_max), 0);
+  }
+  return Status::Ok();
+}
+
+void Sequence::Finish(StopCause cause) {
+  stats_.stop = cause;
+  done_ = true;
+  step_ = StepKind::kNone;
+  const auto now = Clock::now();
+  if (decode_started_) {
+    stats_.decode_s = std::chrono::duration<double>(now - t_decode_).count();
+  } else {
+    stats_.prefill_s = std::chrono::duration<double>(now - t_start_).count();
+  }
+}
+
+void Sequence::Cancel() {
+  if (!done_) Finish(StopCause::kCancelled);
+}
+
+Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
+  StepRows r;
+  if (done_) return r;
+  if (prefilling()) {
+    if (kv_.n_past + 1 > kv_.n_ctx) {
+      Finish(StopCause::kContextFull);
+      return r;
+    }
+    step_n_ = std::min({max_rows, prefill_left(), kv_.n_ctx - kv_.n_past});
+    step_ = StepKind::kPrefill;
+    r.tokens = feed_.data() + feed_pos_;
+    r.n = step_n_;
+    t_forward_ = Clock::now();
+    return r;
+  }
+  // Decode: the pending token, plus drafts.
+  if (budget_left() <= 0) {
+    Finish(StopCause::kMaxTokens);
+    return r;
+  }
+  if (kv_.n_past >= kv_.n_ctx) {
+    Finish(StopCause::kContextFull);
+    return r;
+  }
+  const int64_t base = kv_.n_past;
+  // Draft length: the controller's choice, within the token budget (a step yields up to k+1
+  // tokens), the rows allowed and the context (k+1 rows must fit).
+  int k = drafter_ != nullptr ? controller_.Choose() : 0;
+  k = static_cast<int>(std::min<int64_t>({k, budget_left() - 1, kv_.n_ctx - base - 1, max_rows - 1}));
+  int n_draft = 0;
+  if (k > 0) {
+    tokens_.push_back(pending_);  // the drafter continues the full context
+    const auto td = Clock::now();
+    Status st = drafter_->Propose(std::span<const TokenId>(tokens_), k, params_.sampling, rng_, &draft_);
+    const double draft_s = std::chrono::duration<double>(Clock::now() - td).count();
+    tokens_.pop_back();
+    MR_RETURN_IF_ERROR(st);
+    n_draft = static_cast<int>(std::min<size_t>(draft_.tokens.size(), static_cast<size_t>(k)));
+    stats_.draft_s += draft_s;
+    controller_.RecordDraftCost(n_draft, draft_s);
+  }
+  last_draft_ = n_draft;
+  rows_.assign(1, pending_);
+  rows_.insert(rows_.end(), draft_.tokens.begin(), draft_.tokens.begin() + n_draft);
+  step_ = n_draft == 0 ? StepKind::kPlain : StepKind::kVerify;
+  step_n_ = n_draft + 1;
+  r.tokens = rows_.data();
+  r.n = step_n_;
+  r.all_logits = n_draft > 0;
+  t_forward_ = Clock::now();
+  return r;
+}
+
+void Sequence::Emit(int64_t kv_before_run, const TokenFn& on_token) {
+  const Tokenizer& tok = model_.tokenizer();
+  for (size_t j = 0; j < run_.size(); ++j) {
+    const TokenId t = run_[j];
+    bool stop = false;
+    StopCause cause = StopCause::kMaxTokens;
+    if (tok.IsEndOfGeneration(t)) {
+      stats_.eog_token = t;
+      cause = StopCause::kEndOfGeneration;
+      stop = true;
+    } else {
+      ++stats_.generated;
+      last_emitted_ = t;
+      if (!on_token(t)) {
+        cause = StopCause::kCallback;
+        stop = true;
+      } else if (budget_left() <= 0) {
+        stop = true;
+      }
+    }
+    if (stop) {
+      kv_.n_past = kv_before_run + static_cast<int64_t>(j);
+      tokens_.resize(static_cast<size_t>(kv_.n_past));
+      have_pending_ = false;
+      Finish(cause);
+      return;
+    }
+  }
+  pending_ = run_.back();
+  have_pending_ = true;
+}
+
+Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
+  const int64_t n_vocab = model_.config().n_vocab;
+  const StepKind kind = step_;
+  step_ = StepKind::kNone;
+  const double forward_s = std::chrono::duration<double>(Clock::now() - t_forward_).count();
+  run_.clear();
+  switch (kind) {
+    case StepKind::kNone:
+      return Internal("Sequence::Consume without a step in flight");
+    case StepKind::kPrefill: {
+      tokens_.insert(tokens_.end(), feed_.begin() + feed_pos_, feed_.begin() + feed_pos_ + step_n_);
+      feed_pos_ += step_n_;
+      if (prefilling()) return Status::Ok();
+      if (cache_ != nullptr) cache_->Store(std::span<const TokenId>(tokens_), kv_.n_past, kv_);
+      // The drafter reads the whole context now (a draft model prefills its own cache).
+      if (drafter_ != nullptr) MR_RETURN_IF_ERROR(drafter_->Begin(std::span<const TokenId>(tokens_)));
+      if (!decode_started_) {
+        decode_started_ = true;
+        t_decode_ = Clock::now();
+        stats_.prefill_s = std::chrono::duration<double>(t_decode_ - t_start_).count();
+      }
+      run_.push_back(sampler_.Sample(logits, n_vocab, rng_));
+      Emit(kv_.n_past, on_token);
+      return Status::Ok();
+    }
+    case StepKind::kPlain: {
+      if (drafter_ != nullptr) controller_.RecordForwardCost(1, forward_s);
+      ++stats_.plain_steps;
+      tokens_.push_back(pending_);
+      const int64_t kv_before_run = kv_.n_past;
+      run_.push_back(sampler_.Sample(logits, n_vocab, rng_));
+      Emit(kv_before_run, on_token);
+      return Status::Ok();
+    }
+    case StepKind::kVerify: {
+      const int n_draft = static_cast<int>(step_n_ - 1);
+      const int64_t base = kv_.n_past - step_n_;  // the forward pass appended all rows
+      controller_.RecordForwardCost(static_cast<int>(step_n_), forward_s);
+      if (p_.size() < static_cast<size_t>(step_n_)) p_.resize(static_cast<size_t>(step_n_));
+      const TargetDistFn p = [&](int i) -> const std::vector<Candidate>& {
+        sampler_.Distribution(logits + static_cast<int64_t>(i) * n_vocab, n_vocab, &p_[i]);
+        return p_[i];
+      };
+      const bool sampled_q = draft_.sampled && !params_.sampling.greedy();
+      const std::span<const std::vector<Candidate>> q =
+          sampled_q ? std::span<const std::vector<Candidate>>(draft_.q.data(), static_cast<size_t>(n_draft))
+                    : std::span<const std::vector<Candidate>>();
+      const VerifyOutcome v = VerifyDraft(std::span<const TokenId>(rows_.data() + 1, n_draft), q, p, rng_, &verify_scratch_);
+      controller_.RecordAcceptance(n_draft, v.accepted);
+      ++stats_.spec_steps;
+      stats_.drafted += n_draft;
+      stats_.accepted += v.accepted;
+      for (int i = 0; i < std::min(n_draft, v.accepted + 1) && i < static_cast<int>(stats_.proposed_at.size()); ++i) {
+        ++stats_.proposed_at[i];
+        if (i < v.accepted) ++stats_.accepted_at[i];
+      }
+      // Keep the pending token and the accepted drafts; later rows are overwritten later.
+      kv_.n_past = base + 1 + v.accepted;
+      tokens_.insert(tokens_.end(), rows_.begin(), rows_.begin() + 1 + v.accepted);
+      run_.assign(rows_.begin() + 1, rows_.begin() + 1 + v.accepted);
+      run_.push_back(v.next);
+      Emit(base + 1, on_token);
+      return Status::Ok();
+    }
+  }
+  return Status::Ok();
+}
+
+void Sequence::Inject(std::span<const TokenId> tokens) {
+  if (!done_ || stats_.stop == StopCause::kEndOfGeneration || stats_.stop == StopCause::kCancelled) return;
+  // The KV holds the context before the last emitted token: feed it, then the new tokens.
+  feed_.assign(tokens_.begin(), tokens_.end());
+  feed_pos_ = static_cast<int64_t>(tokens_.size());
+  if (last_emitted_ >= 0) feed_.push_back(last_emitted_);
+  feed_.insert(feed_.end(), tokens.begin(), tokens.end());
+  stats_.injected += static_cast<int64_t>(tokens.size());
+  have_pending_ = false;
+  done_ = false;
+}
+
+void Sequence::StoreInCache() {
+  if (cache_ != nullptr && kv_.n_past > 0) cache_->Store(std::span<const TokenId>(tokens_), kv_.n_past, kv_);
+}
+
+}  // namespace mr
