@@ -175,6 +175,28 @@ TEST(Scheduler, LongPrefillsAreChunkedAndInterleavedWithDecode) {
   EXPECT_EQ(RowsOf(p, 2), 1);  // decoding now
 }
 
+TEST(Scheduler, AloneAPrefillMayExceedTheStepBudget) {
+  Limits l;
+  l.max_active = 2;
+  l.step_rows = 64;
+  l.prefill_chunk = 256;
+  Scheduler s(l);
+  s.Submit(1, 1000);
+  Plan p = s.Next();
+  EXPECT_EQ(RowsOf(p, 1), 256);  // nobody decodes: a whole chunk
+  s.Prefilled(1, 256);
+  s.Submit(2, 1);
+  for (int i = 0; i < 8 && RowsOf(p, 2) == 0; ++i) {  // oldest prefill first, then 2's one row
+    p = s.Next();
+    s.Prefilled(1, RowsOf(p, 1));
+    s.Prefilled(2, RowsOf(p, 2));
+  }
+  ASSERT_EQ(RowsOf(p, 2), 1);
+  p = s.Next();  // 2 decodes now: the step budget holds again
+  EXPECT_EQ(RowsOf(p, 2), 1);
+  EXPECT_LE(RowsOf(p, 1), 63);
+}
+
 TEST(Scheduler, RandomCancellationsLeakNoSlots) {
   Limits l;
   l.max_active = 4;

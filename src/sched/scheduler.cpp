@@ -77,7 +77,9 @@ Plan Scheduler::Next() {
   // The oldest prefill's guaranteed share (it never drops below one row while another row is
   // left for a decoder), every decoder's next row (taking turns when they do not all fit), then
   // speculative rows, then the rest of the prefill.
-  int64_t budget = limits_.step_rows;
+  // With nobody decoding, no stream waits on this step: a prefill may use a whole chunk even
+  // when that is more than the step budget (larger chunks run the prefill kernels faster).
+  int64_t budget = decoders.empty() ? std::max(limits_.step_rows, limits_.prefill_chunk) : limits_.step_rows;
   const int64_t dec_min = std::min<int64_t>(static_cast<int64_t>(decoders.size()), budget - 1);
   const int64_t reserve = prefillers.empty() ? 0 : std::max<int64_t>(std::min({limits_.min_prefill_rows, prefillers.front()->prompt_left, budget - dec_min}), 0);
   const int64_t n_dec = std::min<int64_t>(static_cast<int64_t>(decoders.size()), budget - reserve);

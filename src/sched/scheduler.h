@@ -13,6 +13,7 @@
 //    even one row each does not fit); the rest goes to prefill chunks in arrival order, with at
 //    least `min_prefill_rows` for the oldest prefill whenever one is pending, so a long prompt
 //    always advances while other streams keep flowing.
+//    When no sequence is decoding, the budget is at least one prefill chunk.
 //  - The engine reports progress (Prefilled, SetSpecRows) and ends sequences (Finish).
 //
 // Thread-safety: none; the engine thread owns the Scheduler (HTTP threads talk to the engine

@@ -65,7 +65,9 @@ struct Engine::Impl {
         metrics(mt),
         sched(sched::Limits{o.max_active, o.max_queued, o.max_queued_tokens, o.step_rows, o.prefill_chunk,
                             std::min<int64_t>(16, o.step_rows)}) {
-    sched.set_ready(false);
+    // Without a warm-up the engine takes requests at once (they wait in the queue for the thread).
+    sched.set_ready(!o.warm_up);
+    if (!o.warm_up) state = EngineState::kReady;
     if (o.prefix_cache_bytes > 0) {
       PrefixCache::Options po;
       po.byte_budget = o.prefix_cache_bytes;
