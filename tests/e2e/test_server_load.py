@@ -343,7 +343,7 @@ def test_queue_overflow_429(one_slot, one_slot_baseline):
             client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": QUESTION}])
         assert time.time() - t0 < 5, "a refused request must be answered at once"
         assert e.value.status_code == 429
-        assert e.value.body["type"] == "rate_limit_error", e.value.body
+        assert e.value.body["error"]["type"] == "rate_limit_error", e.value.body
         ra = e.value.response.headers.get("retry-after")
         assert ra is not None and ra.isdigit() and int(ra) >= 1, dict(e.value.response.headers)
 
