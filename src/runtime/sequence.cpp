@@ -31,7 +31,7 @@ Sequence::Sequence(Model& model, int64_t n_ctx) : model_(model), kv_(model.NewKv
 
 void Sequence::ReleaseCache() {
   tokens_.clear();
-  kv_.n_past = 0;
+  kv_.Release();
 }
 
 Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& params, PrefixCache* cache) {

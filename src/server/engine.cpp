@@ -367,7 +367,7 @@ void Engine::Impl::Step(const sched::Plan& plan) {
 void Engine::Impl::Publish() {
   size_t kv = 0;
   for (auto& s : slots)
-    if (s->job) kv += static_cast<size_t>(s->seq.kv().n_past * s->seq.kv().kv_dim) * 2 * 2 * s->seq.kv().k.size();
+    if (s->job) kv += s->seq.kv().bytes_in_use();
   std::lock_guard<std::mutex> lock(mu);
   kv_bytes = kv;
   cache_bytes = cache ? cache->bytes() : 0;
