@@ -2,7 +2,7 @@
 """Load program for `mererun serve` (issue 6). Not a test: it measures, prints a table and writes
 JSON (commit, CPU, threads, server flags, every sample).
 
-Two parts (--modes sweep,cached; both by default):
+Three parts (--modes sweep,cached,cancel; sweep and cached by default):
 
 sweep   For concurrency 1, 2, 4, 8 (--concurrency), C clients each run --requests-per-client
         streaming requests back to back, once with a shared prefix (every prompt = one long common
@@ -11,6 +11,10 @@ sweep   For concurrency 1, 2, 4, 8 (--concurrency), C clients each run --request
         p50/p90/p99, requests/s, aggregate output tok/s (all tokens / wall), decode tok/s per
         stream ((tokens - 1) / (last delta - first delta)) and the no-starvation figure: the slowest
         stream's decode tok/s divided by the median stream's.
+cancel  Clients that leave: --cancel-reps times, a streaming request closed (TCP reset) during
+        prefill of a long prompt (--cancel-prompt-tokens) and one closed after 3 text deltas; per
+        close, the time until /health shows the server idle (disconnect detection + release), and
+        the server's own cancel-to-release histogram (mererun_cancel_release_seconds).
 cached  TTFT of a ~7,000-token prompt (--cached-tokens) cold (a unique first token, so no cached
         prefix applies) against the same long prefix already cached with a different final user
         turn; reports both medians over --cached-reps and their ratio (issue 6 bar: <= 5 %).
@@ -30,6 +34,8 @@ import json
 import os
 import platform
 import re
+import socket
+import struct
 import statistics
 import subprocess
 import sys
@@ -218,6 +224,72 @@ def run_cached(args, headers, prompts):
             "reps": [{k: {kk: vv for kk, vv in v.items() if kk not in ("itl_s", "start_s")} for k, v in r.items()} for r in rows]}
 
 
+def metric_histogram(url, name):
+    """(sum, count, {le: cumulative count}) of a Prometheus histogram at url/metrics."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    total, count, buckets = 0.0, 0, {}
+    for line in text.splitlines():
+        if line.startswith(name + "_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith(name + "_count"):
+            count = int(float(line.split()[-1]))
+        elif line.startswith(name + "_bucket"):
+            le = re.search(r'le="([^"]+)"', line).group(1)
+            buckets[le] = int(float(line.split()[-1]))
+    return total, count, buckets
+
+
+def wait_idle(url, timeout=30):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        h = requests.get(url + "/health", timeout=5).json()
+        if h.get("active") == 0 and h.get("queued") == 0:
+            return time.perf_counter()
+        time.sleep(0.01)
+    return None
+
+
+def run_cancel(args, headers, prompts):
+    host, port = re.match(r"https?://([^:/]+):(\d+)", args.url).groups()
+    rows = []
+    s0, c0, _ = metric_histogram(args.url, "mererun_cancel_release_seconds")
+    for rep in range(args.cancel_reps):
+        for stage in ("prefill", "decode"):
+            if wait_idle(args.url) is None:
+                return {"error": "server not idle before a cancel probe"}
+            text = prompts.window(args.cancel_prompt_tokens, 5 + rep) if stage == "prefill" else "Count from 1 to 500."
+            body = json.dumps({"model": "mererun", "max_tokens": 400, "stream": True, "temperature": 1.0,
+                               "messages": [{"role": "user", "content": text}]}).encode()
+            head = (f"POST /v1/messages HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                    f"anthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(head + body)
+            if stage == "prefill":
+                time.sleep(0.3)
+            else:
+                seen, buf = 0, b""
+                sock.settimeout(args.timeout)
+                while seen < 3:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                    seen = buf.count(b"content_block_delta\n")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+            t_close = time.perf_counter()
+            sock.close()
+            t_idle = wait_idle(args.url)
+            rows.append({"stage": stage, "close_to_idle_s": t_idle - t_close if t_idle else None})
+            print(f"  cancel {stage} rep {rep}: idle {rows[-1]['close_to_idle_s']:.3f} s after the close", file=sys.stderr)
+    s1, c1, buckets = metric_histogram(args.url, "mererun_cancel_release_seconds")
+    out = {"probes": rows, "server_releases": c1 - c0,
+           "server_release_mean_s": (s1 - s0) / (c1 - c0) if c1 > c0 else None, "server_release_buckets": buckets}
+    for stage in ("prefill", "decode"):
+        xs = [r["close_to_idle_s"] for r in rows if r["stage"] == stage and r["close_to_idle_s"] is not None]
+        out[stage] = {"median_s": statistics.median(xs) if xs else None, "max_s": max(xs) if xs else None}
+    return out
+
+
 # ---- server ---------------------------------------------------------------------------------
 
 class OwnServer:
@@ -313,6 +385,14 @@ def print_tables(report):
               f"cold {fmt(c['cold_ttft_s'])} s, cached {fmt(c['cached_ttft_s'])} s, ratio {fmt(c['ratio'] * 100 if c['ratio'] else None, '.1f')} %")
     elif c:
         print(f"cached TTFT: failed: {c['error']}")
+    k = report.get("cancel")
+    if k and "error" not in k:
+        print(f"client leaves -> server idle: during prefill median {fmt(k['prefill']['median_s'])} s (max "
+              f"{fmt(k['prefill']['max_s'])}), during decode median {fmt(k['decode']['median_s'])} s (max "
+              f"{fmt(k['decode']['max_s'])}); server cancel -> release mean {fmt(k['server_release_mean_s'])} s "
+              f"over {k['server_releases']} releases")
+    elif k:
+        print(f"cancel: failed: {k['error']}")
 
 
 def main():
@@ -334,6 +414,8 @@ def main():
     ap.add_argument("--cached-tokens", type=int, default=7000)
     ap.add_argument("--cached-reps", type=int, default=3)
     ap.add_argument("--cached-max-tokens", type=int, default=4)
+    ap.add_argument("--cancel-reps", type=int, default=5)
+    ap.add_argument("--cancel-prompt-tokens", type=int, default=3000)
     ap.add_argument("--text-dir", default="")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default="")
@@ -366,6 +448,8 @@ def main():
                       f"ttft p50 {fmt(lv['ttft_s']['50'])} s, wall {lv['wall_s']:.1f} s", file=sys.stderr)
         if "cached" in modes:
             report["cached"] = run_cached(args, headers, prompts)
+        if "cancel" in modes:
+            report["cancel"] = run_cancel(args, headers, prompts)
         try:
             report["metrics_end"] = requests.get(args.url + "/metrics", timeout=10).text
         except requests.RequestException:

@@ -64,6 +64,9 @@ class Scheduler {
   bool Cancel(SeqId id);
   void Finish(SeqId id);  // the engine finished the sequence (stop, error): frees its slot
 
+  // The engine sizes prefill chunks to a time budget as it measures its prefill rate.
+  void set_prefill_chunk(int64_t rows) { limits_.prefill_chunk = rows < 1 ? 1 : rows; }
+  int64_t prefill_chunk() const { return limits_.prefill_chunk; }
   void Prefilled(SeqId id, int64_t rows);    // prompt rows evaluated in the last step
   void SetSpecRows(SeqId id, int64_t rows);  // speculative rows the sequence wants per step
 

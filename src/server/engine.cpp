@@ -66,6 +66,10 @@ struct Engine::Impl {
         sched(sched::Limits{o.max_active, o.max_queued, o.max_queued_tokens, o.step_rows, o.prefill_chunk,
                             std::min<int64_t>(16, o.step_rows)}) {
     // Without a warm-up the engine takes requests at once (they wait in the queue for the thread).
+    // A first prefill-rate guess from the model's size (~24 G int8 multiply-adds/s here);
+    // measured from then on.
+    prefill_tps = std::max(1.0, 24e9 / static_cast<double>(std::max<size_t>(m.weight_bytes(), 1)));
+    sched.set_prefill_chunk(ChunkFor(prefill_tps));
     sched.set_ready(!o.warm_up);
     if (!o.warm_up) state = EngineState::kReady;
     if (o.prefix_cache_bytes > 0) {
@@ -86,6 +90,13 @@ struct Engine::Impl {
   void Finish(Slot& s, const mr::Status& error, bool release);
   bool OnToken(Slot& s, TokenId t);
   void Publish();  // refresh the gauges Status() reads
+  // Prefill rows per step that take about kPrefillStepS at `tps` rows/s, within
+  // [16, --prefill-chunk]: a step ends (and a cancelled sequence is released) well under 1 s.
+  static constexpr double kPrefillStepS = 0.25;
+  int64_t ChunkFor(double tps) const {
+    return std::clamp<int64_t>(static_cast<int64_t>(tps * kPrefillStepS), std::min<int64_t>(16, opts.prefill_chunk),
+                               opts.prefill_chunk);
+  }
 
   Model& model;
   const EngineOptions opts;
@@ -95,7 +106,7 @@ struct Engine::Impl {
   std::vector<Model::BatchSeq> batch;
   std::vector<Entry> entries;
   std::vector<float> logits;
-  double prefill_tps = 500.0;  // prompt tokens/s estimate (retry-after)
+  double prefill_tps = 500.0;  // prompt tokens/s estimate (retry-after, chunk size); under mu
 
   mutable std::mutex mu;  // guards everything below
   std::condition_variable cv;
@@ -356,9 +367,12 @@ void Engine::Impl::Step(const sched::Plan& plan) {
     }
     Finish(s, mr::Status::Ok(), false);
   }
-  if (prefilled > 0 && step_s > 0) prefill_tps = 0.8 * prefill_tps + 0.2 * (static_cast<double>(prefilled) / step_s);
   if (metrics) metrics->generated_tokens += static_cast<uint64_t>(generated);
   std::lock_guard<std::mutex> lock(mu);
+  if (prefilled > 0 && step_s > 0) {
+    prefill_tps = 0.7 * prefill_tps + 0.3 * (static_cast<double>(prefilled) / step_s);
+    sched.set_prefill_chunk(ChunkFor(prefill_tps));
+  }
   const auto now = Clock::now();
   token_window.emplace_back(now, generated);
   while (token_window.size() > 2 && now - token_window.front().first > std::chrono::seconds(10)) token_window.pop_front();
