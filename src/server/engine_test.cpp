@@ -157,7 +157,7 @@ TEST_F(EngineTest, AdmissionAndCancellationAtEveryStage) {
   ASSERT_EQ(e2.Submit(d.job).admit, sched::Admit::kQueued);
   ASSERT_TRUE(d.Wait());
   ASSERT_TRUE(d.out->result.ok());
-  EXPECT_EQ(d.out->result->stop == StopCause::kCancelled, false);
+  EXPECT_NE(d.out->result->stop, StopCause::kCancelled);
   EXPECT_FALSE(d.out->tokens.empty());
 }
 

@@ -87,12 +87,12 @@ def abort(s):
     s.close()
 
 
-def read_until(s, needle: bytes, count=1, timeout=60.0) -> bytes:
-    """Reads from `s` until `needle` was seen `count` times (or EOF / timeout)."""
+def read_until(s, needle, count=1, timeout=60.0) -> bytes:
+    """Reads from `s` until `needle` was seen `count` times (needle None: until EOF), or EOF / timeout."""
     buf = b""
     deadline = time.time() + timeout
     s.settimeout(1.0)
-    while buf.count(needle) < count and time.time() < deadline:
+    while (needle is None or buf.count(needle) < count) and time.time() < deadline:
         try:
             chunk = s.recv(65536)
         except socket.timeout:
@@ -104,18 +104,7 @@ def read_until(s, needle: bytes, count=1, timeout=60.0) -> bytes:
 
 
 def read_all(s, timeout=120.0) -> bytes:
-    buf = b""
-    deadline = time.time() + timeout
-    s.settimeout(1.0)
-    while time.time() < deadline:
-        try:
-            chunk = s.recv(65536)
-        except socket.timeout:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return buf
+    return read_until(s, None, timeout=timeout)
 
 
 def health(server):
