@@ -18,6 +18,7 @@ enum class ErrorCode {
   kUnsupported,
   kOutOfRange,
   kInternal,
+  kUnavailable,  // the service cannot take or finish the work now (shutting down)
 };
 
 class [[nodiscard]] Status {

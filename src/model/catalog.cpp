@@ -278,10 +278,8 @@ Result<Catalog> LoadDefaultCatalog() {
   return LoadCatalog(path);
 }
 
-std::string ModelCacheDir() {
-  if (std::string home = Env("MERERUN_HOME"); !home.empty()) {
-    return (fs::path(home) / "models").string();
-  }
+std::string MererunHome() {
+  if (std::string home = Env("MERERUN_HOME"); !home.empty()) return home;
   fs::path cache;
   if (std::string xdg = Env("XDG_CACHE_HOME"); !xdg.empty()) {
     cache = xdg;
@@ -290,8 +288,10 @@ std::string ModelCacheDir() {
   } else {
     cache = fs::path("/tmp");
   }
-  return (cache / "mererun" / "models").string();
+  return (cache / "mererun").string();
 }
+
+std::string ModelCacheDir() { return (fs::path(MererunHome()) / "models").string(); }
 
 std::string CachedModelPath(const CatalogEntry& entry) {
   return (fs::path(ModelCacheDir()) / entry.file).string();

@@ -73,6 +73,10 @@ Result<std::string> FindCatalogPath();
 // FindCatalogPath() then LoadCatalog().
 Result<Catalog> LoadDefaultCatalog();
 
+// $MERERUN_HOME if set, else ${XDG_CACHE_HOME:-$HOME/.cache}/mererun: models, the server's
+// signing key. The directory may not exist yet.
+std::string MererunHome();
+
 // $MERERUN_HOME/models if MERERUN_HOME is set, else ${XDG_CACHE_HOME:-$HOME/.cache}/mererun/models.
 // The directory may not exist yet.
 std::string ModelCacheDir();

@@ -89,11 +89,36 @@ void PyDump(const nlohmann::ordered_json& v, std::string* out) {
   }
 }
 
+// The rendered prompt under construction: template scaffolding (may spell control tokens) and
+// content (message text, tool definitions, calls and results: tokenized as text).
+class Prompt {
+ public:
+  Prompt& Lit(std::string_view s) {
+    text_ += s;
+    return *this;
+  }
+  Prompt& Content(std::string_view s) {
+    if (s.empty()) return *this;
+    if (!spans_.empty() && spans_.back().end == text_.size()) {
+      spans_.back().end += s.size();  // adjacent content: one span
+    } else {
+      spans_.push_back({text_.size(), text_.size() + s.size()});
+    }
+    text_ += s;
+    return *this;
+  }
+  bool empty() const { return text_.empty(); }
+  RenderedChat Take() { return {std::move(text_), std::move(spans_)}; }
+
+ private:
+  std::string text_;
+  std::vector<TextSpan> spans_;
+};
+
 // Qwen2.5's tools section of the system turn.
-std::string ToolsSection(const std::vector<ChatTool>& tools) {
-  std::string s =
-      "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+void ToolsSection(const std::vector<ChatTool>& tools, Prompt* p) {
+  p->Lit("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
   for (const ChatTool& t : tools) {
     nlohmann::ordered_json fn = nlohmann::ordered_json::object();
     fn["name"] = t.name;
@@ -102,25 +127,32 @@ std::string ToolsSection(const std::vector<ChatTool>& tools) {
     nlohmann::ordered_json wrapped = nlohmann::ordered_json::object();
     wrapped["type"] = "function";
     wrapped["function"] = std::move(fn);
-    s += "\n" + PyJsonDumps(wrapped);
+    p->Lit("\n").Content(PyJsonDumps(wrapped));
   }
-  s += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-       "<args-json-object>}\n</tool_call>";
-  return s;
+  p->Lit("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call>");
+}
+
+void ToolCall(const ChatToolCall& call, Prompt* p) {
+  std::string name;
+  PyEscape(call.name, &name);
+  p->Lit("<tool_call>\n{\"name\": ").Content(name).Lit(", \"arguments\": ").Content(PyJsonDumps(call.arguments));
+  p->Lit("}\n</tool_call>");
 }
 
 // The body of an assistant turn: its text, then its tool calls.
-std::string AssistantBody(const ChatMessage& m) {
-  std::string s = m.content;
-  for (const ChatToolCall& c : m.tool_calls) {
-    if (!s.empty()) s += "\n";
-    s += RenderToolCall(c);
+void AssistantBody(const ChatMessage& m, Prompt* p) {
+  p->Content(m.content);
+  for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+    if (!m.content.empty() || i > 0) p->Lit("\n");
+    ToolCall(m.tool_calls[i], p);
   }
-  return s;
 }
 
-std::string ToolResponse(const ChatMessage& m) { return "<tool_response>\n" + m.content + "\n</tool_response>"; }
+void ToolResponse(const ChatMessage& m, Prompt* p) {
+  p->Lit("<tool_response>\n").Content(m.content).Lit("\n</tool_response>");
+}
 
 }  // namespace
 
@@ -150,94 +182,139 @@ std::string PyJsonDumps(const nlohmann::ordered_json& v) {
 }
 
 std::string RenderToolCall(const ChatToolCall& call) {
-  std::string s = "<tool_call>\n{\"name\": ";
-  PyEscape(call.name, &s);
-  s += ", \"arguments\": " + PyJsonDumps(call.arguments) + "}\n</tool_call>";
-  return s;
+  Prompt p;
+  ToolCall(call, &p);
+  return p.Take().text;
 }
 
 std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                        const ChatRenderOptions& opts) {
+  return RenderChatSpans(family, f, messages, opts).text;
+}
+
+RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+                             const ChatRenderOptions& opts) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
   const size_t n = messages.size();
   const bool open_last = opts.continue_final && n > first && messages[n - 1].role == "assistant";
-  std::string system;
+  // The system text: the caller's (content) or the template's default (scaffolding), the
+  // server's suffix, then the tool definitions.
+  Prompt system;
   if (has_system) {
-    system = messages[0].content;
+    system.Content(messages[0].content);
   } else if (family == ChatFamily::kChatML) {
-    system = DefaultSystemPrompt(f.GetString("tokenizer.chat_template").value_or(""));
+    system.Lit(DefaultSystemPrompt(f.GetString("tokenizer.chat_template").value_or("")));
   }
-  system += opts.system_suffix;
-  if (!opts.tools.empty()) system += ToolsSection(opts.tools);
+  system.Lit(opts.system_suffix);
+  if (!opts.tools.empty()) ToolsSection(opts.tools, &system);
+  RenderedChat sys = system.Take();
+  auto put_system = [&sys](Prompt* p) {
+    size_t pos = 0;
+    for (const TextSpan& sp : sys.literal) {
+      p->Lit(std::string_view(sys.text).substr(pos, sp.begin - pos));
+      p->Content(std::string_view(sys.text).substr(sp.begin, sp.end - sp.begin));
+      pos = sp.end;
+    }
+    p->Lit(std::string_view(sys.text).substr(pos));
+  };
 
-  std::string out;
+  Prompt out;
   switch (family) {
     case ChatFamily::kChatML: {
-      if (!system.empty()) out += "<|im_start|>system\n" + system + "<|im_end|>\n";
+      if (!sys.text.empty()) {
+        out.Lit("<|im_start|>system\n");
+        put_system(&out);
+        out.Lit("<|im_end|>\n");
+      }
       for (size_t i = first; i < n; ++i) {
         const ChatMessage& m = messages[i];
         if (m.role == "tool") {
-          if (i == first || messages[i - 1].role != "tool") out += "<|im_start|>user";
-          out += "\n" + ToolResponse(m);
-          if (i + 1 == n || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+          if (i == first || messages[i - 1].role != "tool") out.Lit("<|im_start|>user");
+          out.Lit("\n");
+          ToolResponse(m, &out);
+          if (i + 1 == n || messages[i + 1].role != "tool") out.Lit("<|im_end|>\n");
           continue;
         }
         if (m.role == "assistant" && !m.tool_calls.empty()) {
-          out += "<|im_start|>assistant";
-          if (!m.content.empty()) out += "\n" + m.content;
-          for (const ChatToolCall& c : m.tool_calls) out += "\n" + RenderToolCall(c);
+          out.Lit("<|im_start|>assistant");
+          if (!m.content.empty()) out.Lit("\n").Content(m.content);
+          for (const ChatToolCall& c : m.tool_calls) {
+            out.Lit("\n");
+            ToolCall(c, &out);
+          }
         } else {
-          out += "<|im_start|>" + m.role + "\n" + m.content;
+          // The role is one of the four the API layer admits, never free text.
+          out.Lit("<|im_start|>" + m.role + "\n").Content(m.content);
         }
         if (open_last && i + 1 == n) break;
-        out += "<|im_end|>\n";
+        out.Lit("<|im_end|>\n");
       }
-      if (!open_last) out += "<|im_start|>assistant\n";
+      if (!open_last) out.Lit("<|im_start|>assistant\n");
       break;
     }
     case ChatFamily::kGemma: {
       // Gemma has no system role: the template prepends the system text to the first user turn.
-      std::string pending_system = system.empty() ? "" : system + "\n\n";
+      bool pending = !sys.text.empty();
+      std::vector<const ChatMessage*> pending_messages;  // later system messages
+      auto put_pending = [&](Prompt* p) {
+        if (pending) {
+          put_system(p);
+          p->Lit("\n\n");
+        }
+        for (const ChatMessage* sm : pending_messages) p->Content(sm->content).Lit("\n\n");
+        pending = false;
+        pending_messages.clear();
+      };
       for (size_t i = first; i < n; ++i) {
         const ChatMessage& m = messages[i];
         if (m.role == "system") {
-          pending_system += m.content + "\n\n";
+          pending_messages.push_back(&m);
           continue;
         }
-        std::string body;
         const bool tool = m.role == "tool";
-        if (tool) {
-          body = ToolResponse(m);
-          // Consecutive tool results share one user turn.
-          if (i > first && messages[i - 1].role == "tool") {
-            out += "\n" + body;
-            if (i + 1 == n || messages[i + 1].role != "tool") out += "<end_of_turn>\n";
-            continue;
-          }
-        } else {
-          body = m.role == "assistant" ? AssistantBody(m) : m.content;
+        // Consecutive tool results share one user turn.
+        if (tool && i > first && messages[i - 1].role == "tool") {
+          out.Lit("\n");
+          ToolResponse(m, &out);
+          if (i + 1 == n || messages[i + 1].role != "tool") out.Lit("<end_of_turn>\n");
+          continue;
         }
-        const std::string role = m.role == "assistant" ? "model" : "user";
-        out += "<start_of_turn>" + role + "\n" + pending_system + body;
-        pending_system.clear();
+        out.Lit(m.role == "assistant" ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        put_pending(&out);
+        if (tool) {
+          ToolResponse(m, &out);
+        } else if (m.role == "assistant") {
+          AssistantBody(m, &out);
+        } else {
+          out.Content(m.content);
+        }
         if (open_last && i + 1 == n) break;
-        if (!tool || i + 1 == n || messages[i + 1].role != "tool") out += "<end_of_turn>\n";
+        if (!tool || i + 1 == n || messages[i + 1].role != "tool") out.Lit("<end_of_turn>\n");
       }
-      if (!open_last) out += "<start_of_turn>model\n";
+      if (!open_last) out.Lit("<start_of_turn>model\n");
       break;
     }
     case ChatFamily::kNone:
-      if (!system.empty()) out += system + "\n";
+      if (!sys.text.empty()) {
+        put_system(&out);
+        out.Lit("\n");
+      }
       for (size_t i = first; i < n; ++i) {
         const ChatMessage& m = messages[i];
-        out += m.role == "assistant" ? AssistantBody(m) : m.role == "tool" ? ToolResponse(m) : m.content;
-        if (!(open_last && i + 1 == n)) out += "\n";
+        if (m.role == "assistant") {
+          AssistantBody(m, &out);
+        } else if (m.role == "tool") {
+          ToolResponse(m, &out);
+        } else {
+          out.Content(m.content);
+        }
+        if (!(open_last && i + 1 == n)) out.Lit("\n");
       }
       break;
   }
-  out += opts.assistant_prefix;
-  return out;
+  out.Lit(opts.assistant_prefix);
+  return out.Take();
 }
 
 }  // namespace mr

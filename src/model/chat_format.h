@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/tokenizer.h"
+
 namespace mr {
 namespace gguf { class GgufFile; }
 
@@ -59,6 +61,16 @@ const char* ChatFamilyName(ChatFamily family);
 // ChatML models get their template's default system prompt when none is given (SmolLM2, Qwen2.5).
 std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                        const ChatRenderOptions& opts = {});
+
+// A rendered prompt and the byte spans of its text that came from the request (message text,
+// tool definitions, tool calls and results): Tokenizer::EncodeTemplated keeps control tokens
+// out of those, so only the template's own scaffolding produces turn markers.
+struct RenderedChat {
+  std::string text;
+  std::vector<TextSpan> literal;  // sorted, disjoint
+};
+RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+                             const ChatRenderOptions& opts = {});
 
 // JSON as Python's json.dumps(ensure_ascii=False) writes it (what templates' `tojson` gives).
 std::string PyJsonDumps(const nlohmann::ordered_json& v);

@@ -276,8 +276,19 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
   return v;
 }
 
+namespace {
+
+// Whether [begin, end) overlaps any of the sorted, disjoint spans.
+bool OverlapsAny(const std::vector<TextSpan>& spans, size_t begin, size_t end) {
+  auto it = std::upper_bound(spans.begin(), spans.end(), begin,
+                             [](size_t pos, const TextSpan& s) { return pos < s.end; });
+  return it != spans.end() && it->begin < end;
+}
+
+}  // namespace
+
 std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text,
-                                       bool parse_special) {
+                                       bool parse_special, const std::vector<TextSpan>* literal) {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
@@ -303,7 +314,9 @@ std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text
   for (int32_t rank : present) {
     const TokenId id = vocab.special_by_length[rank];
     const TokenData& t = vocab.tokens[id];
-    if (!parse_special && (t.attr & (kAttrControl | kAttrUnknown))) continue;
+    const bool control = (t.attr & (kAttrControl | kAttrUnknown)) != 0;
+    if (!parse_special && control) continue;
+    const bool check_literal = control && literal != nullptr && !literal->empty();
     next.clear();
     for (const Fragment& f : frags) {
       if (f.token != -1) {
@@ -311,13 +324,17 @@ std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text
         continue;
       }
       const std::string_view raw = text.substr(f.offset, f.length);
-      size_t pos = 0;
+      size_t pos = 0, from = 0;
       for (;;) {
-        const size_t match = raw.find(t.text, pos);
+        const size_t match = raw.find(t.text, from);
         if (match == std::string_view::npos) break;
+        if (check_literal && OverlapsAny(*literal, f.offset + match, f.offset + match + t.text.size())) {
+          from = match + 1;  // content spelling a control token stays text
+          continue;
+        }
         if (match > pos) next.push_back({-1, f.offset + pos, match - pos});
         next.push_back({id, 0, 0});
-        pos = match + t.text.size();
+        pos = from = match + t.text.size();
       }
       if (pos < raw.size()) next.push_back({-1, f.offset + pos, raw.size() - pos});
     }
@@ -347,11 +364,21 @@ void TokenizerBase::BuildPieces() {
 
 std::vector<TokenId> TokenizerBase::Encode(std::string_view text, bool add_special,
                                            bool parse_special) const {
+  return EncodeFragments(text, add_special, parse_special, nullptr);
+}
+
+std::vector<TokenId> TokenizerBase::EncodeTemplated(std::string_view text, bool add_special,
+                                                    const std::vector<TextSpan>& literal) const {
+  return EncodeFragments(text, add_special, /*parse_special=*/true, &literal);
+}
+
+std::vector<TokenId> TokenizerBase::EncodeFragments(std::string_view text, bool add_special, bool parse_special,
+                                                    const std::vector<TextSpan>* literal) const {
   const Vocab& v = *vocab_;
   std::vector<TokenId> out;
   if (add_special && v.add_bos) out.push_back(v.bos);
   bool after_special = true;
-  for (const Fragment& f : PartitionSpecial(v, text, parse_special)) {
+  for (const Fragment& f : PartitionSpecial(v, text, parse_special, literal)) {
     if (f.token != -1) {
       out.push_back(f.token);
       after_special = true;

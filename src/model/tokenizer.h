@@ -24,6 +24,12 @@ using TokenId = int32_t;
 
 enum class TokenAttr : uint8_t { kNormal, kControl, kUserDefined, kByte, kUnknown, kUnused };
 
+// Bytes [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -35,6 +41,12 @@ class Tokenizer {
   // parse_special: text that spells a control/user-defined token (e.g. "<|im_start|>") becomes
   // that token; otherwise it is tokenized as plain text.
   virtual std::vector<TokenId> Encode(std::string_view text, bool add_special, bool parse_special) const = 0;
+  // A rendered chat template: control tokens are parsed (as Encode with parse_special) except
+  // where they overlap one of `literal` (sorted, disjoint byte spans: message content, tool
+  // definitions and results), which is tokenized as text, so content can never forge a turn
+  // marker. Where no literal span holds a control token's text, the ids equal Encode's.
+  virtual std::vector<TokenId> EncodeTemplated(std::string_view text, bool add_special,
+                                               const std::vector<TextSpan>& literal) const = 0;
 
   // Bytes of one token as it appears in output text (byte tokens give their byte; control tokens
   // give "" unless render_special, in which case their text).

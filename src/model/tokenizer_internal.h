@@ -95,17 +95,22 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file);
 
 // llama.cpp's tokenizer_st_partition: every special token (longest first) that occurs in a raw
 // fragment splits it, leftmost occurrences first. Control and unknown tokens only take part
-// when parse_special; user-defined tokens always do.
+// when parse_special, and not where an occurrence overlaps one of `literal` (sorted, disjoint
+// byte spans of text; may be null); user-defined tokens always do.
 std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text,
-                                       bool parse_special);
+                                       bool parse_special, const std::vector<TextSpan>* literal = nullptr);
 
 // The Tokenizer methods that do not depend on the algorithm.
 class TokenizerBase : public Tokenizer {
  public:
   explicit TokenizerBase(std::unique_ptr<Vocab> vocab);
 
+  std::vector<TokenId> EncodeFragments(std::string_view text, bool add_special, bool parse_special,
+                                       const std::vector<TextSpan>* literal) const;
   std::vector<TokenId> Encode(std::string_view text, bool add_special,
                               bool parse_special) const override;
+  std::vector<TokenId> EncodeTemplated(std::string_view text, bool add_special,
+                                       const std::vector<TextSpan>& literal) const override;
   std::string TokenToPiece(TokenId id, bool render_special) const override;
   std::string Decode(const std::vector<TokenId>& ids, bool render_special) const override;
 

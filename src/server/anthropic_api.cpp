@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "server/request_fields.h"
 #include "server/signing.h"
 
 namespace mr::server {
@@ -47,6 +48,20 @@ std::optional<ApiError> CacheControl(const Json& b, const std::string& where, bo
 // not an instruction, and it would defeat KV reuse between requests.
 bool IsBillingHeader(const std::string& text) { return text.rfind("x-anthropic-billing-header:", 0) == 0; }
 
+// A block's "type" when it is an object with a string type, else "".
+std::string BlockType(const Json& b) {
+  if (!b.is_object()) return "";
+  auto it = b.find("type");
+  return it != b.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+const RequestLimits kLimits;
+
+std::optional<ApiError> CheckCount(size_t n, size_t max, const std::string& where) {
+  if (n <= max) return std::nullopt;
+  return InvalidRequest(where + ": at most " + std::to_string(max) + " entries, got " + std::to_string(n));
+}
+
 // System prompt blocks (a dropped billing header included), with their cache_control marks.
 std::optional<ApiError> SystemText(const Json& sys, const std::string& where, std::string* out,
                                    std::vector<CacheMark>* marks) {
@@ -55,10 +70,11 @@ std::optional<ApiError> SystemText(const Json& sys, const std::string& where, st
     return std::nullopt;
   }
   if (!sys.is_array()) return InvalidRequest(where + ": expected a string or an array of text blocks");
+  if (auto e = CheckCount(sys.size(), kLimits.max_content_blocks, where)) return e;
   for (size_t i = 0; i < sys.size(); ++i) {
     const Json& b = sys[i];
     const std::string w = where + "[" + std::to_string(i) + "]";
-    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
+    if (BlockType(b) != "text" || !b.contains("text") || !b["text"].is_string())
       return InvalidRequest(w + ": expected a text block {\"type\": \"text\", \"text\": ...}");
     bool marked = false, one_hour = false;
     if (auto e = CacheControl(b, w, &marked, &one_hour)) return e;
@@ -83,10 +99,11 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
     return std::nullopt;
   }
   if (!c.is_array()) return InvalidRequest(where + ": expected a string or an array of content blocks");
+  if (auto e = CheckCount(c.size(), kLimits.max_content_blocks, where)) return e;
   for (size_t k = 0; k < c.size(); ++k) {
     const Json& b = c[k];
     const std::string w = where + "[" + std::to_string(k) + "]";
-    const std::string type = b.is_object() ? b.value("type", "") : "";
+    const std::string type = BlockType(b);
     bool marked = false, one_hour = false;
     if (auto e = CacheControl(b, w, &marked, &one_hour)) return e;
     if (type == "text" && b.contains("text") && b["text"].is_string()) {
@@ -108,6 +125,7 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
 // right after that block) to `cuts`.
 std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, std::vector<ChatMessage>* out,
                                       std::vector<CacheCut>* cuts) {
+  if (auto e = CheckCount(msgs.size(), kLimits.max_messages, "messages")) return e;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Json& m = msgs[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -137,6 +155,7 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
       continue;
     }
     if (!c.is_array()) return InvalidRequest(where + ".content: expected a string or an array of content blocks");
+    if (auto e = CheckCount(c.size(), kLimits.max_content_blocks, where + ".content")) return e;
     for (size_t j = 0; j < c.size(); ++j) {
       const Json& b = c[j];
       const std::string w = where + ".content[" + std::to_string(j) + "]";
@@ -151,11 +170,15 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
       } else if (type == "image") {
         return TextOnly(sm, w);
       } else if (type == "document") {
-        const Json cit = b.value("citations", Json());
-        if (cit.is_object() && cit.value("enabled", false))
+        const Json* cit = nullptr;
+        if (auto e = OptObject(b, "citations", w, &cit)) return e;
+        bool cite = false;
+        if (cit != nullptr)
+          if (auto e = OptBool(*cit, "enabled", w + ".citations", &cite)) return e;
+        if (cite)
           return InvalidRequest(w + ".citations: citations are not supported by this server; send the document without \"citations\"");
-        const Json src = b.value("source", Json());
-        if (!src.is_object() || src.value("type", "") != "text" || !src.contains("data") || !src["data"].is_string())
+        const Json src = b.contains("source") ? b["source"] : Json();
+        if (BlockType(src) != "text" || !src.contains("data") || !src["data"].is_string())
           return InvalidRequest(w + ".source: only plain-text documents ({\"type\": \"text\", \"data\": ...}) are supported by this text-only model");
         AppendPara(&msg.content, src["data"].get<std::string>());
       } else if (type == "tool_result" && role == "user") {
@@ -166,7 +189,8 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         if (b.contains("content"))
           if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content, &marks)) return e;
         const std::string error_prefix = "Error: ";
-        const bool is_error = b.value("is_error", false);
+        bool is_error = false;
+        if (auto e = OptBool(b, "is_error", w, &is_error)) return e;
         if (is_error) tool.content = error_prefix + tool.content;
         // Text the user wrote before the results stays before them.
         if (!msg.content.empty()) {
@@ -182,7 +206,7 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
       } else if (type == "tool_use" && role == "assistant") {
         ChatToolCall call;
         if (!b.contains("name") || !b["name"].is_string()) return InvalidRequest(w + ".name: field required");
-        call.id = b.value("id", "");
+        if (auto e = OptString(b, "id", w, &call.id)) return e;
         call.name = b["name"].get<std::string>();
         if (b.contains("input")) call.arguments = b["input"];
         if (!call.arguments.is_object()) return InvalidRequest(w + ".input: expected an object");
@@ -255,6 +279,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     req->messages.push_back(std::move(sys));
   }
   if (auto e = ParseMessages(body["messages"], sm, &req->messages, &message_cuts)) return e;
+  if (std::none_of(req->messages.begin(), req->messages.end(), [](const ChatMessage& m) { return m.role != "system"; }))
+    return InvalidRequest("messages: at least one user or assistant message with content is required");
   if (req->messages.back().role == "assistant") req->render.continue_final = true;
 
   if (body.contains("stream")) {
@@ -267,7 +293,9 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     for (const Json& x : s) {
       if (!x.is_string()) return InvalidRequest("stop_sequences: expected an array of strings");
       req->stop_sequences.push_back(x.get<std::string>());
+      if (req->stop_sequences.size() > kLimits.max_stop_sequences) break;  // reported just below
     }
+    if (auto e = CheckStopSequences(req->stop_sequences, "stop_sequences", kLimits)) return e;
   }
   if (body.contains("temperature") && !body["temperature"].is_null()) {
     const Json& t = body["temperature"];
@@ -292,6 +320,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   if (body.contains("tools") && !body["tools"].is_null()) {
     const Json& ts = body["tools"];
     if (!ts.is_array()) return InvalidRequest("tools: expected an array");
+    if (auto e = CheckCount(ts.size(), kLimits.max_tools, "tools")) return e;
     for (size_t i = 0; i < ts.size(); ++i) {
       const Json& t = ts[i];
       const std::string w = "tools[" + std::to_string(i) + "]";
@@ -301,14 +330,19 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
         return InvalidRequest(w + ".type: server tool \"" + type + "\" is not supported by this server; "
                                   "define it as a custom tool with an input_schema");
       if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
+      if (auto e = CheckToolName(t["name"].get<std::string>(), w + ".name", kLimits.max_tool_name_bytes)) return e;
       if (!t.contains("input_schema") || !t["input_schema"].is_object())
         return InvalidRequest(w + ".input_schema: field required (a JSON schema object)");
       bool marked = false, one_hour = false;
       if (auto e = CacheControl(t, w, &marked, &one_hour)) return e;
-      if (!t.value("defer_loading", false)) {  // deferred tools are not shown to the model (docs/api.md)
+      bool deferred = false;
+      if (auto e = OptBool(t, "defer_loading", w, &deferred)) return e;
+      std::string description;
+      if (auto e = OptString(t, "description", w, &description)) return e;
+      if (!deferred) {  // deferred tools are not shown to the model (docs/api.md)
         ChatTool tool;
         tool.name = t["name"].get<std::string>();
-        if (t.contains("description") && t["description"].is_string()) tool.description = t["description"].get<std::string>();
+        tool.description = std::move(description);
         tool.parameters = t["input_schema"];
         tools.push_back(std::move(tool));
       }
@@ -335,7 +369,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     choice = tc["type"].get<std::string>();
     if (choice != "auto" && choice != "any" && choice != "tool" && choice != "none")
       return InvalidRequest("tool_choice.type: expected \"auto\", \"any\", \"tool\" or \"none\"");
-    single = tc.value("disable_parallel_tool_use", false);
+    if (auto e = OptBool(tc, "disable_parallel_tool_use", "tool_choice", &single)) return e;
     if (choice == "tool") {
       if (!tc.contains("name") || !tc["name"].is_string()) return InvalidRequest("tool_choice.name: field required");
       forced_name = tc["name"].get<std::string>();
@@ -384,7 +418,11 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     } else if (type != "disabled") {
       return InvalidRequest("thinking.type: expected \"enabled\", \"adaptive\" or \"disabled\"");
     }
-    if (th.contains("display") && th["display"].is_string()) opts->thinking_omitted = th["display"] == "omitted";
+    std::string display;
+    if (auto e = OptString(th, "display", "thinking", &display)) return e;
+    if (!display.empty() && display != "summarized" && display != "omitted")
+      return InvalidRequest("thinking.display: expected \"summarized\" or \"omitted\"");
+    opts->thinking_omitted = display == "omitted";
   }
   if (budget > 0 && (choice == "any" || choice == "tool"))
     return InvalidRequest("tool_choice: \"" + choice + "\" cannot be used with thinking; use \"auto\" or disable thinking");
@@ -399,6 +437,19 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     req->single_tool_call = true;
   }
 
+  // Fields that are accepted and ignored still have to be of their documented type.
+  const Json* metadata = nullptr;
+  if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
+  if (metadata != nullptr) {
+    std::string user_id;
+    if (auto e = OptString(*metadata, "user_id", "metadata", &user_id)) return e;
+  }
+  const Json* context_management = nullptr;
+  if (auto e = OptObject(body, "context_management", "", &context_management)) return e;
+  if (context_management != nullptr && context_management->contains("edits") && !(*context_management)["edits"].is_array())
+    return InvalidRequest("context_management.edits: expected an array, got " + JsonTypeName((*context_management)["edits"]));
+  std::string service_tier;
+  if (auto e = OptString(body, "service_tier", "", &service_tier)) return e;
   if (body.contains("mcp_servers") && body["mcp_servers"].is_array() && !body["mcp_servers"].empty())
     return InvalidRequest("mcp_servers: MCP connectors are not supported by this server; remove the field");
   if (body.contains("container") && !body["container"].is_null())

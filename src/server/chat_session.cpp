@@ -49,7 +49,18 @@ bool EventChannel::Pop(StreamEvent* ev, std::chrono::milliseconds timeout) {
   return true;
 }
 
-std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut) {
+// The prompt's tokens: the template's control tokens parsed, the request's content as text.
+std::vector<TokenId> EncodePrompt(const ServedModel& sm, const RenderedChat& r, size_t from_char, bool add_special) {
+  const Tokenizer& tok = sm.model->tokenizer();
+  const std::string_view text = std::string_view(r.text).substr(from_char);
+  if (sm.family == ChatFamily::kNone) return tok.Encode(text, add_special, /*parse_special=*/false);
+  std::vector<TextSpan> spans;
+  for (const TextSpan& sp : r.literal)
+    if (sp.end > from_char) spans.push_back({std::max(sp.begin, from_char) - from_char, sp.end - from_char});
+  return tok.EncodeTemplated(text, add_special, spans);
+}
+
+RenderedChat RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut) {
   std::vector<ChatMessage> msgs(req.messages.begin(),
                                 req.messages.begin() + static_cast<ptrdiff_t>(std::min(cut.n_messages, req.messages.size())));
   if (cut.partial) msgs.push_back(*cut.partial);
@@ -62,18 +73,20 @@ std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const 
   if (sm.family == ChatFamily::kGemma &&
       std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role != "system"; }))
     msgs.push_back({"user", "", {}, {}});
-  std::string text = RenderChat(sm.family, sm.model->file(), msgs, opts);
-  // What RenderChat appends to open the assistant turn.
+  RenderedChat r = RenderChatSpans(sm.family, sm.model->file(), msgs, opts);
+  std::string& text = r.text;
+  // What RenderChat appends to open the assistant turn (scaffolding: no literal span in it).
   const std::string_view gen = sm.family == ChatFamily::kChatML  ? "<|im_start|>assistant\n"
                                : sm.family == ChatFamily::kGemma ? "<start_of_turn>model\n"
                                                                  : "";
   if (!gen.empty() && text.size() >= gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0)
     text.resize(text.size() - gen.size());
-  return text;
+  return r;
 }
 
-std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const std::string& prompt_text,
+std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const RenderedChat& rendered,
                                           const std::vector<TokenId>& prompt) {
+  const std::string& prompt_text = rendered.text;
   std::vector<CacheBreakpoint> out;
   if (req.cache_cuts.empty()) return out;
   const Tokenizer& tok = sm.model->tokenizer();
@@ -87,7 +100,8 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
                                                                : "";
   const TokenId marker_id = marker.empty() ? -1 : tok.Find(marker);
   for (const CacheCut& cut : req.cache_cuts) {
-    const std::string text = RenderCacheCut(sm, req, cut);
+    const RenderedChat cut_render = RenderCacheCut(sm, req, cut);
+    const std::string& text = cut_render.text;
     size_t common = 0;  // characters
     const size_t n = std::min(text.size(), prompt_text.size());
     while (common < n && text[common] == prompt_text[common]) ++common;
@@ -109,8 +123,7 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
         }
       }
     }
-    const std::vector<TokenId> cut_tokens = restart ? tok.Encode(std::string_view(text).substr(from_char), false, true)
-                                                    : tok.Encode(text, /*add_special=*/true, parse_special);
+    const std::vector<TokenId> cut_tokens = EncodePrompt(sm, cut_render, restart ? from_char : 0, /*add_special=*/!restart);
     size_t end = from_token;
     for (size_t i = 0; i < cut_tokens.size() && end < prompt.size() && cut_tokens[i] == prompt[end]; ++i) ++end;
     if (end == 0) continue;
@@ -134,16 +147,23 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     req.render.assistant_prefix += "<think>\n";
   }
   req.render.assistant_prefix += req.tool_call_prefill;
-  const std::string text = RenderChat(sm.family, sm.model->file(), req.messages, req.render);
-  MR_LOGD("server", "prompt:\n%s", text.c_str());
-  out->prompt = sm.model->tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/sm.family != ChatFamily::kNone);
+  const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), req.messages, req.render);
+  MR_LOGD("server", "prompt:\n%s", rendered.text.c_str());
+  // Work bounded before tokenization: no real prompt averages more than 16 bytes per token, so
+  // a longer text cannot fit the context and is not worth tokenizing (an 8 MB "word" would
+  // take gigabytes in BPE).
+  const size_t max_bytes = static_cast<size_t>(std::max<int64_t>(sm.n_ctx, 1)) * 16;
+  if (rendered.text.size() > max_bytes)
+    return InvalidRequest("prompt is too long: " + std::to_string(rendered.text.size()) + " bytes of text cannot fit a " +
+                          std::to_string(sm.n_ctx) + "-token context");
+  out->prompt = EncodePrompt(sm, rendered, 0, /*add_special=*/true);
   const int64_t n = static_cast<int64_t>(out->prompt.size());
   const int64_t max_prompt = sm.n_ctx - 1;
   if (!for_generation) return std::nullopt;
   if (n > max_prompt)
     return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) + " maximum");
   if (n == 0) return InvalidRequest("the prompt is empty");
-  out->cache_breakpoints = MapCacheCuts(sm, req, text, out->prompt);
+  out->cache_breakpoints = MapCacheCuts(sm, req, rendered, out->prompt);
   const int64_t room = sm.n_ctx - n;
   out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
   if (sm.max_output_tokens > 0) out->max_tokens = std::min(out->max_tokens, sm.max_output_tokens);
@@ -233,7 +253,10 @@ struct Session {
     StreamEvent ev;
     if (!r.ok()) {
       ev.kind = StreamEvent::Kind::kError;
-      ev.error = {ApiErrorType::kApi, r.status().message()};
+      // Shutting down: overloaded_error (529), which clients retry; the stream ends with an
+      // error event, never with a normal stop reason.
+      ev.error = {r.status().code() == ErrorCode::kUnavailable ? ApiErrorType::kOverloaded : ApiErrorType::kApi,
+                  r.status().message()};
       channel->Push(std::move(ev));
       return;
     }

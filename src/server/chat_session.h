@@ -75,17 +75,23 @@ struct PreparedChat {
 };
 
 // The request truncated right after `cut`'s block, rendered without its generation prompt.
-std::string RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut);
+RenderedChat RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut);
 
-// The token index where `prompt` (the tokens of `prompt_text`) has its prefix up to and including
+// Tokens of `r.text` from byte `from_char` on: control tokens only from the template's
+// scaffolding, the request's content (r.literal) as text (Tokenizer::EncodeTemplated).
+std::vector<TokenId> EncodePrompt(const ServedModel& sm, const RenderedChat& r, size_t from_char, bool add_special);
+
+// The token index where `prompt` (the tokens of `rendered`) has its prefix up to and including
 // each cut's block end: the longest common prefix of `prompt` and the tokenized render of the
 // request truncated after that block (generation prompt left off). Sorted by end; cuts landing on
 // the same end are merged (1h wins).
-std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const std::string& prompt_text,
+std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatRequest& req, const RenderedChat& rendered,
                                           const std::vector<TokenId>& prompt);
 
-// Renders and tokenizes (and maps cache_control breakpoints to token indices). Errors (when `for_generation`; count_tokens counts any length): a
-// prompt longer than the context (400 "prompt is too long: N tokens > M maximum"). max_tokens
+// Renders and tokenizes (and maps cache_control breakpoints to token indices). Errors: a
+// rendered text over 16 bytes per context token (400, before tokenization; count_tokens too);
+// when `for_generation`, a prompt longer than the context (400 "prompt is too long: N tokens >
+// M maximum"). max_tokens
 // beyond the context is clamped, never refused.
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation = true);
 

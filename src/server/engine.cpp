@@ -38,6 +38,7 @@ const char* EngineStateName(EngineState s) {
   switch (s) {
     case EngineState::kLoading: return "loading";
     case EngineState::kReady: return "ready";
+    case EngineState::kDraining: return "draining";
     case EngineState::kStopping: return "stopping";
   }
   return "?";
@@ -86,6 +87,11 @@ struct Engine::Impl {
   Slot* SlotOf(sched::SeqId id);
   void StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clock::time_point submitted);
   void Step(const sched::Plan& plan);
+  // Step's second half for one entry: sample or verify its rows' logits `lg`, emit, continue or
+  // finish its job. Adds to the step's generated and prefilled counts.
+  void ConsumeRows(const Entry& e, const float* lg, int64_t* generated, int64_t* prefilled, int64_t generated_before);
+  // Step's bookkeeping once every entry is consumed (rates, the chunk size, the token window).
+  void FinishStep(double step_s, int64_t generated, int64_t prefilled);
   // Ends the slot's job: reports the outcome, frees the slot (and its KV memory when `release`).
   void Finish(Slot& s, const mr::Status& error, bool release);
   bool OnToken(Slot& s, TokenId t);
@@ -125,7 +131,40 @@ struct Engine::Impl {
   size_t cache_bytes = 0, kv_bytes = 0;
   int64_t cache_blocks = 0;
   std::thread thread;
+  // AbortAll's request to the engine thread (under mu), and its answer.
+  bool abort = false;
+  std::string abort_reason;
+  std::condition_variable aborted_cv;
+  void AbortJobs();
+  // Fails one slot's request after an exception escaped its step.
+  void FailSlot(Slot& s, const char* where, const std::exception& e);
 };
+
+void Engine::Impl::FailSlot(Slot& s, const char* where, const std::exception& e) {
+  if (!s.job) return;  // already finished before the exception
+  MR_LOGE("engine", "%s failed for one request: %s", where, e.what());
+  try {
+    Finish(s, mr::Status(ErrorCode::kInternal, std::string("internal error: ") + e.what()), true);
+  } catch (const std::exception& e2) {  // its callbacks failed too: drop it without them
+    MR_LOGE("engine", "could not report the failure: %s", e2.what());
+  }
+}
+
+void Engine::Impl::AbortJobs() {
+  const mr::Status why(ErrorCode::kUnavailable, abort_reason);
+  for (auto& s : slots) {
+    if (!s->job) continue;
+    s->seq.Cancel();
+    Finish(*s, why, true);
+  }
+  std::unordered_map<sched::SeqId, Waiting> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [id, w] : queued) sched.Cancel(id);
+    rest.swap(queued);
+  }
+  for (auto& [id, w] : rest) w.job->on_done(why);
+}
 
 Engine::Engine(Model& model, const EngineOptions& opts, ServerMetrics* metrics)
     : model_(model), opts_(opts), impl_(std::make_unique<Impl>(model, opts, metrics)) {
@@ -141,6 +180,32 @@ Engine::~Engine() {
   CancelAll();
   impl_->cv.notify_all();
   impl_->thread.join();
+}
+
+bool Engine::Drain(std::chrono::milliseconds deadline) {
+  Impl& im = *impl_;
+  const auto until = Clock::now() + deadline;
+  std::unique_lock<std::mutex> lock(im.mu);
+  if (im.state == EngineState::kReady || im.state == EngineState::kLoading) im.state = EngineState::kDraining;
+  im.sched.set_ready(false);
+  for (;;) {
+    if (im.sched.active() == 0 && im.sched.queued() == 0 && im.running.empty() && im.queued.empty()) return true;
+    if (Clock::now() >= until) return false;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    lock.lock();
+  }
+}
+
+void Engine::AbortAll(const std::string& why) {
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.mu);
+  im.sched.set_ready(false);
+  if (im.running.empty() && im.queued.empty()) return;
+  im.abort_reason = why;
+  im.abort = true;
+  im.cv.notify_all();
+  im.aborted_cv.wait(lock, [&] { return !im.abort; });
 }
 
 void Engine::CancelAll() {
@@ -316,7 +381,13 @@ void Engine::Impl::Step(const sched::Plan& plan) {
     int64_t max_rows = w.rows;
     if (!w.prefill && s->seq.prefilling()) max_rows = std::max<int64_t>(w.rows, std::min<int64_t>(s->seq.prefill_left(), 32));
     const bool prefill = w.prefill && s->seq.prefilling();
-    Result<Sequence::StepRows> r = s->seq.NextRows(max_rows);
+    Result<Sequence::StepRows> r = mr::Status::Ok();
+    try {
+      r = s->seq.NextRows(max_rows);
+    } catch (const std::exception& e) {
+      FailSlot(*s, "planning a step", e);
+      continue;
+    }
     if (!r.ok()) {
       Finish(*s, r.status(), true);
       continue;
@@ -333,7 +404,12 @@ void Engine::Impl::Step(const sched::Plan& plan) {
   for (const Entry& e : entries) out_rows += e.out_rows;
   if (static_cast<int64_t>(logits.size()) < out_rows * n_vocab) logits.resize(static_cast<size_t>(out_rows * n_vocab));
   const auto t0 = Clock::now();
-  mr::Status st = model.ForwardBatch(std::span<const Model::BatchSeq>(batch), logits.data());
+  mr::Status st;
+  try {
+    st = model.ForwardBatch(std::span<const Model::BatchSeq>(batch), logits.data());
+  } catch (const std::exception& e) {
+    st = mr::Status(ErrorCode::kInternal, std::string("internal error in the forward pass: ") + e.what());
+  }
   const double step_s = Since(t0);
   if (metrics) metrics->step_s.Observe(step_s);
   if (!st.ok()) {
@@ -346,29 +422,44 @@ void Engine::Impl::Step(const sched::Plan& plan) {
   for (const Entry& e : entries) {
     Slot& s = *e.slot;
     const int64_t before = s.seq.stats().generated;
-    mr::Status c = s.seq.Consume(lg, [this, &s](TokenId t) { return OnToken(s, t); });
+    const float* row_logits = lg;
     lg += e.out_rows * n_vocab;
-    generated += s.seq.stats().generated - before;
-    if (e.prefill) {
-      prefilled += e.rows;
-      std::lock_guard<std::mutex> lock(mu);
-      sched.Prefilled(s.id, e.rows);
+    try {
+      ConsumeRows(e, row_logits, &generated, &prefilled, before);
+    } catch (const std::exception& ex) {
+      if (s.job) FailSlot(s, "sampling", ex);
     }
-    if (!c.ok()) {
-      Finish(s, c, true);
-      continue;
-    }
-    if (!s.seq.done()) continue;
-    if (s.seq.stats().stop == StopCause::kCallback && s.job->continuation && !s.job->cancelled) {
-      const std::vector<TokenId> more = s.job->continuation();
-      if (!more.empty() && s.seq.stats().generated + s.seq.stats().injected + static_cast<int64_t>(more.size()) <=
-                               s.job->params.max_tokens) {
-        s.seq.Inject(more);
-        continue;
-      }
-    }
-    Finish(s, mr::Status::Ok(), false);
   }
+  FinishStep(step_s, generated, prefilled);
+}
+
+void Engine::Impl::ConsumeRows(const Entry& e, const float* lg, int64_t* generated, int64_t* prefilled,
+                               int64_t generated_before) {
+  Slot& s = *e.slot;
+  const mr::Status c = s.seq.Consume(lg, [this, &s](TokenId t) { return OnToken(s, t); });
+  *generated += s.seq.stats().generated - generated_before;
+  if (e.prefill) {
+    *prefilled += e.rows;
+    std::lock_guard<std::mutex> lock(mu);
+    sched.Prefilled(s.id, e.rows);
+  }
+  if (!c.ok()) {
+    Finish(s, c, true);
+    return;
+  }
+  if (!s.seq.done()) return;
+  if (s.seq.stats().stop == StopCause::kCallback && s.job->continuation && !s.job->cancelled) {
+    const std::vector<TokenId> more = s.job->continuation();
+    if (!more.empty() && s.seq.stats().generated + s.seq.stats().injected + static_cast<int64_t>(more.size()) <=
+                             s.job->params.max_tokens) {
+      s.seq.Inject(more);
+      return;
+    }
+  }
+  Finish(s, mr::Status::Ok(), false);
+}
+
+void Engine::Impl::FinishStep(double step_s, int64_t generated, int64_t prefilled) {
   if (metrics) metrics->generated_tokens += static_cast<uint64_t>(generated);
   std::lock_guard<std::mutex> lock(mu);
   if (prefilled > 0 && step_s > 0) {
@@ -410,9 +501,17 @@ void Engine::Impl::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
-        return state == EngineState::kStopping || sched.active() > 0 || sched.queued() > 0;
+        return state == EngineState::kStopping || abort || sched.active() > 0 || sched.queued() > 0;
       });
       if (state == EngineState::kStopping) break;
+      if (abort) {
+        lock.unlock();
+        AbortJobs();
+        lock.lock();
+        abort = false;
+        aborted_cv.notify_all();
+        continue;
+      }
       if (sched.active() == 0 && sched.queued() == 0) continue;
       // Cancelled while queued: out of the queue at once. Active: dropped by this plan.
       for (auto it = queued.begin(); it != queued.end();) {
@@ -446,8 +545,30 @@ void Engine::Impl::Loop() {
         Finish(*s, mr::Status::Ok(), /*release=*/true);
       }
     }
-    for (auto& [id, w] : starting) StartJob(id, std::move(w.job), w.submitted);
-    Step(plan);
+    for (auto& [id, w] : starting) {
+      try {
+        StartJob(id, w.job, w.submitted);
+      } catch (const std::exception& e) {
+        MR_LOGE("engine", "starting a request failed: %s", e.what());
+        if (Slot* s = SlotOf(id)) {
+          FailSlot(*s, "starting", e);
+        } else {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            sched.Finish(id);
+            running.erase(id);
+          }
+          w.job->on_done(mr::Status(ErrorCode::kInternal, std::string("internal error: ") + e.what()));
+        }
+      }
+    }
+    try {
+      Step(plan);
+    } catch (const std::exception& e) {  // outside any one sequence: fail every active one
+      MR_LOGE("engine", "engine step failed: %s", e.what());
+      for (auto& s : slots)
+        if (s->job) FailSlot(*s, "the step", e);
+    }
     Publish();
   }
   // Shutting down: every job still here ends as cancelled.

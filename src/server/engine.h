@@ -7,7 +7,11 @@
 // engine talks back only through the job's callbacks (which run on the engine thread and must
 // be quick: they decode and hand events to the request's channel).
 //
-// Thread-safety: Submit, Status and CancelAll may be called from any thread; a job's
+// Failures are contained: an exception thrown while one sequence is stepped (its callbacks, its
+// sampling) fails that request only; one thrown by the batched forward pass fails the requests
+// of that step; the engine thread carries on.
+//
+// Thread-safety: Submit, Status, CancelAll, Drain and AbortAll may be called from any thread; a job's
 // `cancelled` flag may be set from any thread (the engine drops the sequence at its next step).
 #pragma once
 
@@ -84,7 +88,8 @@ struct EngineOptions {
   bool warm_up = true;              // one short generation before accepting requests
 };
 
-enum class EngineState { kLoading, kReady, kStopping };
+// kDraining: shutting down, new requests are refused (529), admitted ones finish.
+enum class EngineState { kLoading, kReady, kDraining, kStopping };
 
 // A consistent snapshot for /health and /metrics.
 struct EngineStatus {
@@ -115,7 +120,14 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   SubmitResult Submit(std::shared_ptr<EngineJob> job);
-  void CancelAll();  // shutdown: cancels running and queued jobs
+  void CancelAll();  // cancels running and queued jobs (they end as cancelled)
+  // Shutdown, first half: refuse new requests (529) and wait until the admitted ones are done or
+  // `deadline` passes. True when everything finished in time.
+  bool Drain(std::chrono::milliseconds deadline);
+  // Shutdown, second half: every job still queued or running ends with an error (Status
+  // kUnavailable, `why`), so a client sees the response was cut off rather than a normal end.
+  // Returns when the engine thread has ended them.
+  void AbortAll(const std::string& why);
   EngineStatus Status() const;
 
   Model& model() { return model_; }

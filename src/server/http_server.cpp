@@ -1,7 +1,10 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -71,19 +74,76 @@ bool IsLoopbackBind(const std::string& host) {
 
 }  // namespace
 
-bool IsLoopbackHostHeader(const std::string& h) {
-  std::string host = h;
+namespace {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool AllDigits(std::string_view s, size_t max_len) {
+  return !s.empty() && s.size() <= max_len && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// 127.a.b.c with every part a decimal 0..255 (no leading zeros, which some resolvers read as octal).
+bool IsLoopbackIpv4(std::string_view h) {
+  int parts = 0;
+  size_t pos = 0;
+  while (pos <= h.size()) {
+    const size_t dot = std::min(h.find('.', pos), h.size());
+    const std::string_view part = h.substr(pos, dot - pos);
+    if (!AllDigits(part, 3) || (part.size() > 1 && part[0] == '0') || std::stoi(std::string(part)) > 255) return false;
+    if (parts == 0 && part != "127") return false;
+    ++parts;
+    pos = dot + 1;
+  }
+  return parts == 4;
+}
+
+}  // namespace
+
+bool IsAllowedHostHeader(const std::string& header, const std::vector<std::string>& allowed) {
+  std::string host = Lower(header);
   if (!host.empty() && host[0] == '[') {  // [::1]:8080
     const size_t end = host.find(']');
     if (end == std::string::npos) return false;
+    const std::string rest = host.substr(end + 1);
+    if (!rest.empty() && (rest[0] != ':' || !AllDigits(std::string_view(rest).substr(1), 5))) return false;
     host = host.substr(1, end - 1);
-  } else if (host.find(':') != std::string::npos && host.find(':') == host.rfind(':')) {
-    host = host.substr(0, host.find(':'));
+    return host == "::1" || std::find(allowed.begin(), allowed.end(), "[" + host + "]") != allowed.end();
   }
-  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0) return true;
-  const std::string suffix = ".localhost";
-  return host.size() > suffix.size() && host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (host == "::1") return true;  // unbracketed, as some clients send it
+  const size_t colon = host.find(':');
+  if (colon != std::string::npos) {
+    if (!AllDigits(std::string_view(host).substr(colon + 1), 5)) return false;
+    host.resize(colon);
+  }
+  if (host == "localhost" || IsLoopbackIpv4(host)) return true;
+  for (const std::string& a : allowed)
+    if (!host.empty() && Lower(a) == host) return true;
+  return false;
+}
+
+bool IsAllowedOrigin(const std::string& origin, const std::vector<std::string>& allowed) {
+  const std::string o = Lower(origin);
+  for (const std::string& a : allowed)
+    if (a == "*" || Lower(a) == o) return true;
+  return false;
+}
+
+bool IsJsonContentType(const std::string& content_type) {
+  std::string media = Lower(content_type.substr(0, content_type.find(';')));
+  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.pop_back();
+  size_t lead = 0;
+  while (lead < media.size() && (media[lead] == ' ' || media[lead] == '\t')) ++lead;
+  return media.substr(lead) == "application/json";
+}
+
+bool ApiKeyMatches(const std::string& presented, const std::string& expected) {
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
 }
 
 struct HttpServer::Impl {
@@ -190,8 +250,8 @@ struct HttpServer::Impl {
   // tells its own.
   void Messages(const httplib::Request& req, httplib::Response& res, bool count_only, std::shared_ptr<RequestCount> count) {
     LogLong(("POST " + req.path + " body").c_str(), req.body);
-    const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) return SetError(res, Api::kAnthropic, InvalidRequest("the request body is not valid JSON"));
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kAnthropic, *e);
     ChatRequest chat;
     AnthropicOptions aopts;
     if (auto e = ParseAnthropicRequest(body, sm, count_only, &chat, &aopts)) {
@@ -219,8 +279,8 @@ struct HttpServer::Impl {
 
   void ChatCompletions(const httplib::Request& req, httplib::Response& res, std::shared_ptr<RequestCount> count) {
     LogLong("POST /v1/chat/completions body", req.body);
-    const Json body = Json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) return SetError(res, Api::kOpenAI, InvalidRequest("the request body is not valid JSON"));
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
     ChatRequest chat;
     OpenAIOptions oopts;
     if (auto e = ParseOpenAIRequest(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
@@ -243,7 +303,7 @@ struct HttpServer::Impl {
   void Health(httplib::Response& res) const {
     const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
     const bool ready = st.state == EngineState::kReady;
-    const char* status = ready ? "ok" : st.state == EngineState::kStopping ? "stopping" : "loading";
+    const char* status = ready ? "ok" : EngineStateName(st.state);
     const Json body = {{"status", status},         {"model", sm.id},           {"active", st.active},
                        {"queued", st.queued},      {"max_active", st.max_active}, {"max_queued", st.max_queued},
                        {"n_ctx", st.n_ctx}};
@@ -255,7 +315,7 @@ struct HttpServer::Impl {
     svr.new_task_queue = [n = opts.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
     svr.set_payload_max_length(opts.max_body_bytes);
     svr.set_keep_alive_max_count(1000);
-    svr.set_keep_alive_timeout(30);
+    svr.set_keep_alive_timeout(opts.keep_alive_s);
     svr.set_read_timeout(30, 0);
     svr.set_write_timeout(30, 0);
     svr.set_tcp_nodelay(true);
@@ -264,10 +324,6 @@ struct HttpServer::Impl {
       res.set_header("request-id", RandomId("req_"));
       const Api api = ApiOfPath(req.path);
       MR_LOGI("http", "%s %s", req.method.c_str(), req.target.c_str());
-      if (req.method == "HEAD") {
-        res.status = 200;
-        return httplib::Server::HandlerResponse::Handled;
-      }
       size_t header_bytes = 0;
       for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
       auto refuse = [&](const ApiError& e) {
@@ -277,15 +333,54 @@ struct HttpServer::Impl {
       };
       if (header_bytes > opts.max_header_bytes)
         return refuse({ApiErrorType::kRequestTooLarge, "request headers exceed " + std::to_string(opts.max_header_bytes) + " bytes"});
-      if (loopback && req.has_header("Host") && !IsLoopbackHostHeader(req.get_header_value("Host")))
+      // DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
+      if (loopback && req.has_header("Host") && !IsAllowedHostHeader(req.get_header_value("Host"), opts.allow_hosts))
         return refuse({ApiErrorType::kPermission, "Host '" + req.get_header_value("Host") +
-                                                      "' is not a loopback name; this server only answers local clients"});
+                                                      "' is not a loopback name; this server only answers local clients "
+                                                      "(serve --allow-host NAME admits another name)"});
+      // Browsers send Origin on cross-origin requests (and on every POST): a web page the user
+      // opens must not drive the server unless --allow-origin names it. No page is served from
+      // here, so no Origin is ever our own.
+      if (req.has_header("Origin")) {
+        const std::string origin = req.get_header_value("Origin");
+        if (!IsAllowedOrigin(origin, opts.allow_origins))
+          return refuse({ApiErrorType::kPermission, "requests from web pages (Origin '" + origin +
+                                                        "') are refused; serve --allow-origin ORIGIN allows one"});
+        res.set_header("Access-Control-Allow-Origin", origin);
+        res.set_header("Vary", "Origin");
+        if (req.method == "OPTIONS") {  // CORS preflight of an allowed origin
+          res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+          res.set_header("Access-Control-Allow-Headers",
+                         req.has_header("Access-Control-Request-Headers") ? req.get_header_value("Access-Control-Request-Headers")
+                                                                          : "content-type, x-api-key, authorization");
+          res.set_header("Access-Control-Max-Age", "600");
+          res.status = 204;
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
+      if (req.method == "HEAD") {
+        res.status = 200;
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      // Only JSON bodies: a form or text/plain POST is what a page can send without a
+      // preflight. Also refuses chunked uploads, which bypass httplib 0.11's body limit.
+      if (req.method == "POST") {
+        if (!IsJsonContentType(req.get_header_value("Content-Type")))
+          return refuse(InvalidRequest("Content-Type must be application/json, got '" +
+                                       req.get_header_value("Content-Type") + "'"));
+        if (req.has_header("Transfer-Encoding"))
+          return refuse({ApiErrorType::kRequestTooLarge,
+                         "chunked request bodies are not accepted; send Content-Length with the body"});
+      }
       // /health and /metrics answer without the key (as llama.cpp's /health does): probes and
       // scrapers rarely carry one, and neither shows request content (docs/api.md).
       const bool open_path = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
       if (!opts.api_key.empty() && !open_path) {
-        const std::string bearer = "Bearer " + opts.api_key;
-        if (req.get_header_value("x-api-key") != opts.api_key && req.get_header_value("Authorization") != bearer)
+        const std::string auth = req.get_header_value("Authorization");
+        const std::string bearer = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
+        const bool key_ok = ApiKeyMatches(req.get_header_value("x-api-key"), opts.api_key);
+        const bool bearer_ok = ApiKeyMatches(bearer, opts.api_key);
+        if (!key_ok && !bearer_ok)
           return refuse({ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
       }
       return httplib::Server::HandlerResponse::Unhandled;

@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "server/chat_session.h"
+#include "server/request_fields.h"
 
 namespace mr::server {
 
@@ -28,7 +30,17 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;
   size_t max_header_bytes = 64u << 10;
   int ping_interval_ms = 3000;  // SSE ping while nothing else is written
+  // Connections served at once. cmd_serve sizes it above max_active + max_queue so that the
+  // engine's 429/529 are reachable over HTTP and /health keeps spare threads under load.
   int http_threads = 16;
+  int keep_alive_s = 5;  // an idle keep-alive connection holds a thread this long at most
+  // Names accepted in the Host header besides loopback literals and "localhost" (DNS
+  // rebinding protection; checked when bound to a loopback address).
+  std::vector<std::string> allow_hosts;
+  // Browser origins allowed to call the server (CORS); "*" allows any. Empty: any request
+  // carrying an Origin header is refused with 403, so web pages cannot drive the server.
+  std::vector<std::string> allow_origins;
+  RequestLimits limits;
 };
 
 class HttpServer {
@@ -45,7 +57,17 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// True when `host_header` (a Host header, port allowed) names the loopback interface.
-bool IsLoopbackHostHeader(const std::string& host_header);
+// True when `host_header` (a Host header, port allowed) is a loopback literal (127.0.0.0/8 in
+// dotted-quad form, [::1]), "localhost", or one of `allowed` (case-insensitive). Anything
+// malformed (a bad port, trailing dots, user info) is false.
+bool IsAllowedHostHeader(const std::string& host_header, const std::vector<std::string>& allowed = {});
+// True when `origin` (an Origin header) is allowed by `allowed` ("*" or an exact, case-insensitive
+// match such as "http://localhost:3000").
+bool IsAllowedOrigin(const std::string& origin, const std::vector<std::string>& allowed);
+// Media type of a Content-Type header is application/json (parameters allowed).
+bool IsJsonContentType(const std::string& content_type);
+// Constant-time comparison of a presented API key with the configured one (digests compared
+// with CRYPTO_memcmp, so neither the content nor the length leaks through timing).
+bool ApiKeyMatches(const std::string& presented, const std::string& expected);
 
 }  // namespace mr::server

@@ -2,12 +2,16 @@
 
 #include <ctime>
 
+#include "server/request_fields.h"
+
 namespace mr::server {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const RequestLimits kLimits;
 
 std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const std::string& where, std::string* out) {
   if (c.is_null()) return std::nullopt;
@@ -16,9 +20,11 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
     return std::nullopt;
   }
   if (!c.is_array()) return InvalidRequest(where + ": expected a string or an array of content parts");
+  if (c.size() > kLimits.max_content_blocks)
+    return InvalidRequest(where + ": at most " + std::to_string(kLimits.max_content_blocks) + " content parts");
   for (size_t k = 0; k < c.size(); ++k) {
     const Json& p = c[k];
-    const std::string type = p.is_object() ? p.value("type", "") : "";
+    const std::string type = p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>() : "";
     if (type == "text" && p.contains("text") && p["text"].is_string()) {
       if (!out->empty()) *out += "\n\n";
       *out += p["text"].get<std::string>();
@@ -36,10 +42,13 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
 
 std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& sm, ChatRequest* req, OpenAIOptions* opts) {
   if (!body.is_object()) return InvalidRequest("the request body must be a JSON object");
-  opts->model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : sm.id;
+  opts->model = sm.id;
+  if (auto e = OptString(body, "model", "", &opts->model)) return e;
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return InvalidRequest("messages: field required (a non-empty array)");
   const Json& msgs = body["messages"];
+  if (msgs.size() > kLimits.max_messages)
+    return InvalidRequest("messages: at most " + std::to_string(kLimits.max_messages) + " messages");
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Json& m = msgs[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -51,7 +60,10 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     ChatMessage msg{role, "", {}, {}};
     if (m.contains("content"))
       if (auto e = ContentText(m["content"], sm, where + ".content", &msg.content)) return e;
-    if (role == "tool") msg.tool_call_id = m.value("tool_call_id", "");
+    if (role == "tool")
+      if (auto e = OptString(m, "tool_call_id", where, &msg.tool_call_id)) return e;
+    if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null() && !m["tool_calls"].is_array())
+      return InvalidRequest(where + ".tool_calls: expected an array, got " + JsonTypeName(m["tool_calls"]));
     if (role == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array()) {
       for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
         const Json& tc = m["tool_calls"][k];
@@ -60,7 +72,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
           return InvalidRequest(w + ".function: field required");
         const Json& fn = tc["function"];
         ChatToolCall call;
-        call.id = tc.value("id", "");
+        if (auto e = OptString(tc, "id", w, &call.id)) return e;
         if (!fn.contains("name") || !fn["name"].is_string()) return InvalidRequest(w + ".function.name: field required");
         call.name = fn["name"].get<std::string>();
         if (fn.contains("arguments")) {
@@ -70,6 +82,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
               return InvalidRequest(w + ".function.arguments: expected a JSON object encoded as a string");
           } else if (fn["arguments"].is_object()) {
             call.arguments = fn["arguments"];
+          } else if (!fn["arguments"].is_null()) {
+            return InvalidRequest(w + ".function.arguments: expected a JSON object encoded as a string");
           }
         }
         msg.tool_calls.push_back(std::move(call));
@@ -82,8 +96,10 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     if (!body["stream"].is_boolean()) return InvalidRequest("stream: expected a boolean");
     opts->stream = body["stream"].get<bool>();
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object())
-    opts->include_usage = body["stream_options"].value("include_usage", false);
+  const Json* stream_options = nullptr;
+  if (auto e = OptObject(body, "stream_options", "", &stream_options)) return e;
+  if (stream_options != nullptr)
+    if (auto e = OptBool(*stream_options, "include_usage", "stream_options", &opts->include_usage)) return e;
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     if (body.contains(key) && !body[key].is_null()) {
       if (!body[key].is_number_integer() || body[key].get<int64_t>() < 1)
@@ -104,6 +120,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     } else {
       return InvalidRequest("stop: expected a string or an array of strings");
     }
+    if (auto e = CheckStopSequences(req->stop_sequences, "stop", kLimits)) return e;
   }
   if (body.contains("temperature") && !body["temperature"].is_null()) {
     if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0 || body["temperature"].get<double>() > 2)
@@ -121,25 +138,46 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   }
   if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
     return InvalidRequest("n: only 1 choice per request is supported");
-  if (body.value("logprobs", false)) return InvalidRequest("logprobs: not supported by this server; remove the field");
-  if (body.contains("response_format") && body["response_format"].is_object() &&
-      body["response_format"].value("type", "text") != "text")
-    return InvalidRequest("response_format: only {\"type\": \"text\"} is supported by this server");
+  bool logprobs = false;
+  if (auto e = OptBool(body, "logprobs", "", &logprobs)) return e;
+  if (logprobs) return InvalidRequest("logprobs: not supported by this server; remove the field");
+  const Json* response_format = nullptr;
+  if (auto e = OptObject(body, "response_format", "", &response_format)) return e;
+  std::string format_type = "text";
+  if (response_format != nullptr)
+    if (auto e = OptString(*response_format, "type", "response_format", &format_type)) return e;
+  if (format_type != "text") return InvalidRequest("response_format: only {\"type\": \"text\"} is supported by this server");
+  // Accepted and ignored, but of their documented type.
+  const Json* metadata = nullptr;
+  if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
+  std::string user, reasoning_effort;
+  if (auto e = OptString(body, "user", "", &user)) return e;
+  if (auto e = OptString(body, "reasoning_effort", "", &reasoning_effort)) return e;
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    if (body.contains(key) && !body[key].is_null() &&
+        (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2))
+      return InvalidRequest(std::string(key) + ": expected a number between -2 and 2");
+  }
 
   std::vector<ChatTool> tools;
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) return InvalidRequest("tools: expected an array");
+    if (body["tools"].size() > kLimits.max_tools)
+      return InvalidRequest("tools: at most " + std::to_string(kLimits.max_tools) + " tools");
     for (size_t i = 0; i < body["tools"].size(); ++i) {
       const Json& t = body["tools"][i];
       const std::string w = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || t.value("type", "function") != "function" || !t.contains("function") || !t["function"].is_object())
+      if (!t.is_object() || (t.contains("type") && t["type"] != "function") || !t.contains("function") || !t["function"].is_object())
         return InvalidRequest(w + ": expected {\"type\": \"function\", \"function\": {...}}");
       const Json& fn = t["function"];
       if (!fn.contains("name") || !fn["name"].is_string()) return InvalidRequest(w + ".function.name: field required");
       ChatTool tool;
       tool.name = fn["name"].get<std::string>();
-      if (fn.contains("description") && fn["description"].is_string()) tool.description = fn["description"].get<std::string>();
-      if (fn.contains("parameters") && fn["parameters"].is_object()) tool.parameters = fn["parameters"];
+      if (auto e = CheckToolName(tool.name, w + ".function.name", kLimits.max_tool_name_bytes)) return e;
+      if (auto e = OptString(fn, "description", w + ".function", &tool.description)) return e;
+      const Json* parameters = nullptr;
+      if (auto e = OptObject(fn, "parameters", w + ".function", &parameters)) return e;
+      if (parameters != nullptr) tool.parameters = *parameters;
       tools.push_back(std::move(tool));
     }
   }
@@ -165,8 +203,9 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     req->render.tools = tools;
     req->parse_tool_calls = !tools.empty();
   }
-  if (body.contains("parallel_tool_calls") && body["parallel_tool_calls"].is_boolean())
-    req->single_tool_call = !body["parallel_tool_calls"].get<bool>();
+  bool parallel = true;
+  if (auto e = OptBool(body, "parallel_tool_calls", "", &parallel)) return e;
+  req->single_tool_call = !parallel;
   if (choice == "required" && !tools.empty()) {
     req->tool_call_prefill = "<tool_call>\n{\"name\": \"";
     req->single_tool_call = true;

@@ -3,7 +3,11 @@
 // writers, signatures.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -429,6 +433,29 @@ TEST(Signing, VerifiesOnlyUnchangedBlocks) {
   EXPECT_NE(RandomSigningKey(), RandomSigningKey());
 }
 
+TEST(Signing, KeyFilePersistsAndMustBePrivate) {
+  char tmpl[] = "/tmp/mererun-sign-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/sub/signing.key";
+  auto k1 = LoadOrCreateSigningKey(path);
+  ASSERT_TRUE(k1.ok()) << k1.status().message();
+  EXPECT_EQ(k1->size(), 64u);
+  auto k2 = LoadOrCreateSigningKey(path);  // a restart: the same key
+  ASSERT_TRUE(k2.ok());
+  EXPECT_EQ(*k1, *k2);
+  struct stat st{};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  chmod(path.c_str(), 0644);  // readable by others: refused, not trusted
+  EXPECT_FALSE(LoadOrCreateSigningKey(path).ok());
+  chmod(path.c_str(), 0600);
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("not a key\n", f);
+  std::fclose(f);
+  EXPECT_FALSE(LoadOrCreateSigningKey(path).ok());
+  std::filesystem::remove_all(tmpl);
+}
+
 TEST(Utf8, CompletePrefix) {
   EXPECT_EQ(CompleteUtf8Prefix("abc"), 3u);
   EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);
@@ -607,13 +634,199 @@ TEST(AnthropicWriter, UsageSplitsThePromptByCache) {
   EXPECT_EQ(ow.Completion()["usage"]["prompt_tokens_details"]["cached_tokens"], 60);
 }
 
-TEST(HostHeader, LoopbackNames) {
-  EXPECT_TRUE(IsLoopbackHostHeader("localhost:8080"));
-  EXPECT_TRUE(IsLoopbackHostHeader("127.0.0.1"));
-  EXPECT_TRUE(IsLoopbackHostHeader("[::1]:80"));
-  EXPECT_TRUE(IsLoopbackHostHeader("app.localhost"));
-  EXPECT_FALSE(IsLoopbackHostHeader("evil.com"));
-  EXPECT_FALSE(IsLoopbackHostHeader("localhost.evil.com:8080"));
+TEST(HostHeader, LoopbackLiteralsAndLocalhostOnly) {
+  EXPECT_TRUE(IsAllowedHostHeader("localhost:8080"));
+  EXPECT_TRUE(IsAllowedHostHeader("LOCALHOST"));
+  EXPECT_TRUE(IsAllowedHostHeader("127.0.0.1"));
+  EXPECT_TRUE(IsAllowedHostHeader("127.1.2.3:9"));
+  EXPECT_TRUE(IsAllowedHostHeader("[::1]:80"));
+  EXPECT_TRUE(IsAllowedHostHeader("[::1]"));
+  EXPECT_FALSE(IsAllowedHostHeader("evil.com"));
+  EXPECT_FALSE(IsAllowedHostHeader("localhost.evil.com:8080"));
+  // DNS rebinding names that start like a loopback literal.
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0.1.evil.example"));
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0.1.evil.example:8080"));
+  EXPECT_FALSE(IsAllowedHostHeader("127.evil.example"));
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0.1."));
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0.01"));
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0.256"));
+  EXPECT_FALSE(IsAllowedHostHeader("127.0.0"));
+  EXPECT_FALSE(IsAllowedHostHeader("app.localhost"));
+  EXPECT_FALSE(IsAllowedHostHeader("localhost:80x"));
+  EXPECT_FALSE(IsAllowedHostHeader("[::1]x"));
+  EXPECT_FALSE(IsAllowedHostHeader("[::2]:80"));
+  EXPECT_FALSE(IsAllowedHostHeader(""));
+  EXPECT_FALSE(IsAllowedHostHeader("user@localhost"));
+  // Names given with --allow-host.
+  EXPECT_TRUE(IsAllowedHostHeader("box.lan:8080", {"box.lan"}));
+  EXPECT_TRUE(IsAllowedHostHeader("BOX.lan", {"box.LAN"}));
+  EXPECT_FALSE(IsAllowedHostHeader("evil.box.lan", {"box.lan"}));
+}
+
+TEST(Origin, RefusedUnlessAllowed) {
+  EXPECT_FALSE(IsAllowedOrigin("https://evil.example", {}));
+  EXPECT_FALSE(IsAllowedOrigin("null", {}));
+  EXPECT_FALSE(IsAllowedOrigin("http://localhost:3000", {}));
+  EXPECT_TRUE(IsAllowedOrigin("http://localhost:3000", {"http://localhost:3000"}));
+  EXPECT_TRUE(IsAllowedOrigin("HTTP://LOCALHOST:3000", {"http://localhost:3000"}));
+  EXPECT_FALSE(IsAllowedOrigin("http://localhost:3001", {"http://localhost:3000"}));
+  EXPECT_TRUE(IsAllowedOrigin("https://anything", {"*"}));
+}
+
+TEST(ContentType, JsonOnly) {
+  EXPECT_TRUE(IsJsonContentType("application/json"));
+  EXPECT_TRUE(IsJsonContentType("application/json; charset=utf-8"));
+  EXPECT_TRUE(IsJsonContentType("Application/JSON"));
+  EXPECT_FALSE(IsJsonContentType(""));
+  EXPECT_FALSE(IsJsonContentType("text/plain"));
+  EXPECT_FALSE(IsJsonContentType("application/x-www-form-urlencoded"));
+  EXPECT_FALSE(IsJsonContentType("multipart/form-data; boundary=x"));
+  EXPECT_FALSE(IsJsonContentType("application/jsonx"));
+}
+
+TEST(ApiKey, MatchesOnlyTheSameKey) {
+  EXPECT_TRUE(ApiKeyMatches("sk-abc", "sk-abc"));
+  EXPECT_FALSE(ApiKeyMatches("sk-abd", "sk-abc"));
+  EXPECT_FALSE(ApiKeyMatches("sk-ab", "sk-abc"));
+  EXPECT_FALSE(ApiKeyMatches("", "sk-abc"));
+  EXPECT_FALSE(ApiKeyMatches("sk-abcd", "sk-abc"));
+}
+
+TEST(RequestBody, DepthLimitBeforeParsing) {
+  RequestLimits limits;
+  Json body;
+  // ~200,000 nested arrays (the stack-overflow report): refused by the scan, never parsed.
+  std::string deep = R"({"model":"m","max_tokens":1,"messages":[{"role":)" + std::string(200000, '[') +
+                     std::string(200000, ']') + "}]}";
+  auto e = ParseRequestBody(deep, limits, &body);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->type, ApiErrorType::kInvalidRequest);
+  EXPECT_NE(e->message.find("nests"), std::string::npos) << e->message;
+  // Brackets inside strings do not count; escaped quotes do not end a string.
+  const std::string text = R"({"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[[[["})";
+  EXPECT_FALSE(ParseRequestBody(text, limits, &body).has_value());
+  EXPECT_EQ(JsonDepth(text, 64), 1);
+  EXPECT_EQ(JsonDepth("[[[]]]", 64), 3);
+  std::string at_limit = std::string(64, '[') + std::string(64, ']');
+  EXPECT_EQ(JsonDepth(at_limit, 64), 64);
+  EXPECT_TRUE(ParseRequestBody(std::string(65, '[') + std::string(65, ']'), limits, &body).has_value());
+  EXPECT_TRUE(ParseRequestBody("[1]", limits, &body).has_value());        // not an object
+  EXPECT_TRUE(ParseRequestBody("{\"a\":", limits, &body).has_value());   // not JSON
+}
+
+TEST(RequestFields, WrongTypesNameTheField) {
+  const Json obj = Json::parse(R"({"b": 1, "s": 2, "o": [], "n": null})");
+  bool b = true;
+  std::string s = "keep";
+  const Json* o = nullptr;
+  auto e = OptBool(obj, "b", "x", &b);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message, "x.b: expected a boolean, got an integer");
+  e = OptString(obj, "s", "", &s);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message, "s: expected a string, got an integer");
+  e = OptObject(obj, "o", "", &o);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message, "o: expected an object, got an array");
+  EXPECT_FALSE(OptBool(obj, "n", "", &b).has_value());  // null: absent
+  EXPECT_FALSE(OptBool(obj, "missing", "", &b).has_value());
+  EXPECT_TRUE(b);
+  EXPECT_EQ(s, "keep");
+  EXPECT_FALSE(CheckToolName("get_weather-2", "t", 128).has_value());
+  EXPECT_TRUE(CheckToolName("", "t", 128).has_value());
+  EXPECT_TRUE(CheckToolName("a<|im_end|>", "t", 128).has_value());
+  EXPECT_TRUE(CheckToolName(std::string(129, 'a'), "t", 128).has_value());
+}
+
+// Every value of a full request replaced by every other JSON type: the parsers answer with an
+// error value or accept, and never throw (an exception was a 500, a null dereference a crash).
+void ForEachPath(const Json& v, std::vector<Json::json_pointer>* out, const Json::json_pointer& at = Json::json_pointer()) {
+  out->push_back(at);
+  if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) ForEachPath(it.value(), out, at / it.key());
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i) ForEachPath(v[i], out, at / i);
+  }
+}
+
+template <typename ParseFn>
+int TypeBattery(const Json& base, ParseFn parse) {
+  std::vector<Json::json_pointer> paths;
+  ForEachPath(base, &paths);
+  const Json others[] = {Json(nullptr), Json(1), Json(-1), Json(1.5), Json(true), Json("x"), Json(""),
+                         Json::array(), Json::object(), Json::array({1}), Json(18446744073709551615ull)};
+  int refused = 0;
+  for (const auto& p : paths) {
+    if (p.empty()) continue;
+    for (const Json& o : others) {
+      Json body = base;
+      body[p] = o;
+      EXPECT_NO_THROW({
+        if (parse(body)) ++refused;
+      }) << p.to_string() << " = " << o.dump();
+    }
+  }
+  return refused;
+}
+
+TEST(AnthropicParse, WrongTypesAnywhereAreErrorValues) {
+  const Json base = Json::parse(R"({"model": "m", "max_tokens": 50, "stream": true, "temperature": 0.5, "top_p": 0.9,
+    "top_k": 5, "stop_sequences": ["x"], "metadata": {"user_id": "u"}, "service_tier": "auto",
+    "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
+    "thinking": {"type": "enabled", "budget_tokens": 10, "display": "omitted"}, "output_config": {"effort": "high"},
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+    "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "5m"}}],
+    "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}, "defer_loading": false,
+               "cache_control": {"type": "ephemeral"}}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                   {"type": "document", "source": {"type": "text", "data": "doc"}, "citations": {"enabled": false}}]},
+                 {"role": "assistant", "content": [{"type": "tool_use", "id": "i", "name": "t", "input": {"k": 1}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "i", "is_error": false,
+                   "content": [{"type": "text", "text": "r"}]}]}]})");
+  ASSERT_FALSE(ParseA(base.dump()).has_value()) << ParseA(base.dump())->message;
+  const int refused = TypeBattery(base, [](const Json& b) { return ParseA(b.dump()).has_value(); });
+  EXPECT_GT(refused, 100);
+  // The reported crashes: an empty system message leaves no message; metadata of a wrong type.
+  for (const char* body : {R"({"model":"m","max_tokens":1,"messages":[{"role":"system","content":""}]})",
+                           R"({"model":"m","max_tokens":1,"system":"s","messages":[{"role":"system","content":"x"}]})",
+                           R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"metadata":5})",
+                           R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"context_management":"x"})"}) {
+    auto e = ParseA(body);
+    ASSERT_TRUE(e.has_value()) << body;
+    EXPECT_EQ(e->type, ApiErrorType::kInvalidRequest);
+  }
+  EXPECT_FALSE(ParseA(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[)" +
+                      std::string("\"s\",") + R"("t"]})").has_value());
+  std::string many = R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[)";
+  for (int i = 0; i < 17; ++i) many += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
+  EXPECT_TRUE(ParseA(many + "]}").has_value());
+  EXPECT_TRUE(ParseA(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[")" +
+                     std::string(513, 'x') + R"("]})").has_value());
+}
+
+TEST(OpenAIParse, WrongTypesAnywhereAreErrorValues) {
+  const Json base = Json::parse(R"({"model": "m", "max_tokens": 50, "stream": true, "stream_options": {"include_usage": true},
+    "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "n": 1, "logprobs": false, "user": "u",
+    "metadata": {"k": "v"}, "frequency_penalty": 0, "presence_penalty": 0, "parallel_tool_calls": true,
+    "response_format": {"type": "text"}, "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": "t", "description": "d", "parameters": {"type": "object"}}}],
+    "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}]},
+                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                   "function": {"name": "t", "arguments": "{\"k\": 1}"}}]},
+                 {"role": "tool", "tool_call_id": "c", "content": "r"}]})");
+  auto parse = [](const Json& b) {
+    ChatRequest r;
+    OpenAIOptions o;
+    return ParseOpenAIRequest(b, FakeServed(), &r, &o);
+  };
+  ASSERT_FALSE(parse(base).has_value()) << parse(base)->message;
+  const int refused = TypeBattery(base, [&](const Json& b) { return parse(b).has_value(); });
+  EXPECT_GT(refused, 50);
+  Json lp = base;
+  lp["logprobs"] = 1;  // the reported 500
+  auto e = parse(lp);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_NE(e->message.find("logprobs"), std::string::npos) << e->message;
 }
 
 }  // namespace

@@ -16,7 +16,10 @@ class ServerProcess:
         if env:
             full_env.update(env)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([str(binary), "serve", "-m", model, "--port", "0", *map(str, args)],
+        args = [str(a) for a in args]
+        if "--drain-seconds" not in args:  # stop() sends SIGTERM: don't wait long for stragglers
+            args += ["--drain-seconds", "5"]
+        self.proc = subprocess.Popen([str(binary), "serve", "-m", model, "--port", "0", *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
         deadline = time.time() + startup_timeout
         self.port = None
