@@ -26,6 +26,9 @@ APT_NEEDS=(
   "libcpp-httplib-dev:/usr/include/httplib.h"
   "pkg-config:pkg-config"
   "python3:python3"
+  # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh in CI)
+  "clang-14:clang++-14"
+  "libclang-rt-14-dev:/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a"
 )
 missing=()
 for item in "${APT_NEEDS[@]}"; do

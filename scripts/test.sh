@@ -35,8 +35,24 @@ if [ "${CI:-}" = true ] || [ "${MERERUN_ASAN:-0}" = 1 ]; then
   fi
 fi
 
+# libFuzzer targets on their committed seed corpora: in CI (or MERERUN_FUZZ=1), FUZZ_SECONDS
+# each (default 45 here; scripts/fuzz.sh alone defaults to 60). About 10 minutes of build.
+if [ "${CI:-}" = true ] || [ "${MERERUN_FUZZ:-0}" = 1 ]; then
+  echo "[test] fuzzing (log: build-fuzz/fuzz-*.log)"
+  FUZZ_SECONDS="${FUZZ_SECONDS:-45}" bash scripts/fuzz.sh || failed+=("fuzz")
+fi
+
 python3 -m pytest tests/e2e -q "${pytest_sel[@]}"
 rc=$?
+
+# The server's end-to-end tests again against the ASan+UBSan binary (a sanitizer finding in a
+# server log fails the test that started it; timing-bound tests are left to the release run).
+if [ -x build-asan/bin/mererun ] && { [ "${CI:-}" = true ] || [ "${MERERUN_ASAN:-0}" = 1 ]; }; then
+  echo "[test] end-to-end server tests under ASan+UBSan"
+  MERERUN_BIN=build-asan/bin/mererun ASAN_OPTIONS=detect_leaks=0 python3 -m pytest -q \
+      tests/e2e/test_server_hostile.py tests/e2e/test_server_openai.py tests/e2e/test_server_anthropic.py \
+      -k "not overload and not sigterm and not second_signal" || failed+=("pytest (asan)")
+fi
 # Exit 5 means no test was collected: a broken selection, so it counts as a failure too.
 [ $rc -eq 0 ] || failed+=("pytest (exit $rc)")
 

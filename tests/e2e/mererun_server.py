@@ -56,3 +56,10 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        # Under the ASan+UBSan build (MERERUN_BIN=build-asan/bin/mererun) a finding is printed
+        # to the log: fail the test that started this server.
+        log = self.log()
+        for marker in ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer"):
+            if marker in log:
+                i = log.index(marker)
+                raise AssertionError(f"sanitizer finding in the server log:\n{log[max(0, i - 200):i + 3000]}")

@@ -276,21 +276,28 @@ def start_stream(server, max_tokens=400):
     return r
 
 
+def read_sse(resp):
+    events, name = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+    return events
+
+
 def test_sigterm_mid_stream_ends_with_error_event(mererun_bin, model_path):
     model_path("smollm2-135m-instruct")
-    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "4096", "--no-warmup", "--drain-seconds", "1")
+    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "4096", "--no-warmup", "--drain-seconds", "1",
+                      "--max-active", "1")
     try:
-        # A long generation: slowed by a long prompt so that it is still running at the signal.
-        r = start_stream(s, max_tokens=3000)
-        lines = r.iter_lines(decode_unicode=True)
-        got_text = False
-        for line in lines:
-            if line.startswith("data: ") and "text_delta" in line:
-                got_text = True
-                break
+        # One generating and two queued behind it: the last one cannot finish within the drain.
+        streams = [start_stream(s, max_tokens=3000) for _ in range(3)]
+        got_text = any("text_delta" in line for line, _ in zip(streams[0].iter_lines(decode_unicode=True), range(50)))
         assert got_text
         t0 = time.time()
         s.proc.send_signal(signal.SIGTERM)
+        assert s.wait_for_log("draining", timeout=5)
         # New requests are refused while draining.
         try:
             r2 = requests.post(s.base_url + "/v1/messages", timeout=5, json={
@@ -298,16 +305,10 @@ def test_sigterm_mid_stream_ends_with_error_event(mererun_bin, model_path):
             assert r2.status_code == 529, r2.text
         except requests.ConnectionError:
             pass  # already past the drain and closed
-        events = []
-        name = None
-        for line in lines:
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line[6:])))
+        events = read_sse(streams[2])
         names = [e for e, _ in events]
         assert "error" in names, names[-5:]
-        assert "message_stop" not in names
+        assert "message_stop" not in names and "message_delta" not in names
         err = [d for e, d in events if e == "error"][0]
         assert err["error"]["type"] == "overloaded_error", err
         s.proc.wait(timeout=15)

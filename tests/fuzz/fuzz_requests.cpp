@@ -1,0 +1,49 @@
+// libFuzzer target: a request body through everything an HTTP handler does before the engine
+// sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd) parser,
+// then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
+// and chat template. Every outcome must be a value: an ApiError or a prepared prompt.
+// Seeds: tests/fuzz/corpus/requests.
+#include <string_view>
+
+#include "fuzz_common.h"
+#include "server/anthropic_api.h"
+#include "server/openai_api.h"
+#include "server/request_fields.h"
+
+namespace {
+
+const mr::server::ServedModel& Served() {
+  static const mr::server::ServedModel sm = [] {
+    mr::server::ServedModel s;
+    s.model = &mr::fuzz::SharedModel();
+    s.id = "fuzz-model";
+    s.signing_key = "k";
+    s.n_ctx = 2048;
+    s.family = mr::DetectChatFamily(s.model->file());
+    return s;
+  }();
+  return sm;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const bool anthropic = (data[0] & 1) == 0;
+  const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const mr::server::ServedModel& sm = Served();
+  nlohmann::ordered_json json;
+  if (mr::server::ParseRequestBody(body, mr::server::RequestLimits{}, &json)) return 0;
+  mr::server::ChatRequest req;
+  if (anthropic) {
+    mr::server::AnthropicOptions opts;
+    const bool count_only = (data[0] & 2) != 0;
+    if (mr::server::ParseAnthropicRequest(json, sm, count_only, &req, &opts)) return 0;
+  } else {
+    mr::server::OpenAIOptions opts;
+    if (mr::server::ParseOpenAIRequest(json, sm, &req, &opts)) return 0;
+  }
+  mr::server::PreparedChat prepared;
+  (void)mr::server::PrepareChat(sm, std::move(req), &prepared);
+  return 0;
+}
