@@ -24,6 +24,7 @@ APT_NEEDS=(
   "nlohmann-json3-dev:/usr/include/nlohmann/json.hpp"
   "libssl-dev:/usr/include/openssl/evp.h"
   "libcpp-httplib-dev:/usr/include/httplib.h"
+  "libcli11-dev:/usr/include/CLI/CLI.hpp"
   "pkg-config:pkg-config"
   "python3:python3"
   # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh in CI)

@@ -15,14 +15,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
 #include "app/bench_micro.h"
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/commands.h"
 #include "model/catalog.h"
 #include "model/model.h"
@@ -59,26 +58,6 @@ struct Options {
   int64_t matmul_rotate_bytes = 256ll << 20;
   int matmul_iters = 30;
 };
-
-std::vector<std::string> SplitComma(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-bool ParseIntList(const std::string& s, std::vector<int>* out) {
-  out->clear();
-  for (const std::string& item : SplitComma(s)) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (*end != '\0' || v < 1 || v > 256) return false;
-    out->push_back(static_cast<int>(v));
-  }
-  return !out->empty();
-}
 
 // Samples of one engine configuration (model file x thread count), gathered over repetitions.
 struct Samples {
@@ -430,36 +409,32 @@ void PrintTable(const json& j) {
 }  // namespace
 
 int CmdBench(const Args& args) {
-  CliArgs cli(args);
+  Cli cli(kCmd,
+          "Speed against the memory-bandwidth roofline and llama.cpp: prefill and decode tok/s, verify-step "
+          "cost, machine bandwidth and matmul figures. Default models: every cached catalog model.");
+  CLI::App& app = cli.app();
   Options o;
-  for (std::string m; !(m = cli.Get("-m", "--model")).empty();) o.models.push_back(m);
-  for (const std::string& m : SplitComma(cli.Get("", "--models"))) o.models.push_back(m);
-  const std::string threads = cli.Get("-t", "--threads");
-  const std::string reps = cli.Get("", "--reps");
-  o.json_path = cli.Get("", "--json");
-  o.quick = cli.Flag("--quick");
-  o.llamacpp = !cli.Flag("--no-llamacpp");
-  const bool machine_only = cli.Flag("--machine-only");
-  if (!cli.Finish(kCmd)) return 2;
-  if (!threads.empty() && !ParseIntList(threads, &o.threads)) {
-    std::fprintf(stderr, "mererun bench: --threads wants a comma list of counts in [1, 256], got '%s'\n", threads.c_str());
-    return 2;
-  }
+  std::vector<std::string> models_list;
+  bool no_llamacpp = false, machine_only = false;
+  app.add_option("-m,--model", o.models, "model to measure (repeatable)")->type_name("MODEL");
+  app.add_option("--models", models_list, "models to measure, comma list")->delimiter(',');
+  app.add_option("-t,--threads", o.threads, "thread counts, comma list")->delimiter(',')->check(InRange(1, 256));
+  CLI::Option* reps_opt = app.add_option("--reps", o.reps, "repetitions (--quick: 1)")->check(InRange(1, 1000));
+  app.add_option("--json", o.json_path, "also write the results as JSON to this file");
+  app.add_flag("--quick", o.quick, "small sizes and one repetition (a smoke test, not a measurement)");
+  app.add_flag("--no-llamacpp", no_llamacpp, "skip the llama.cpp comparison");
+  app.add_flag("--machine-only", machine_only, "bandwidth and matmul figures only, no model");
+  if (auto rc = cli.Parse(args)) return *rc;
+  for (const std::string& m : NonEmpty(std::move(models_list))) o.models.push_back(m);
+  o.llamacpp = !no_llamacpp;
   if (o.quick) {
-    o.reps = 1;
+    if (reps_opt->count() == 0) o.reps = 1;
     o.prompt_tokens = 64;
     o.decode_tokens = 16;
     o.verify_iters = 2;
     o.membw_bytes = 64ll << 20;
     o.matmul_rotate_bytes = 32ll << 20;
     o.matmul_iters = 5;
-  }
-  if (!reps.empty()) {
-    o.reps = std::atoi(reps.c_str());
-    if (o.reps < 1 || o.reps > 1000) {
-      std::fprintf(stderr, "mererun bench: --reps wants a count >= 1, got '%s'\n", reps.c_str());
-      return 2;
-    }
   }
   // Default model set: every catalog model that is cached.
   std::vector<std::pair<std::string, std::string>> models;  // name, path

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "base/half.h"
@@ -35,11 +35,13 @@ void QuantizeQ8_0(const float* x, int64_t n, uint8_t* out) {
 }  // namespace
 
 int CmdConvert(const Args& args) {
-  CliArgs cli(args);
-  const std::string model = cli.Get("-m", "--model");
-  const std::string type = cli.Get("", "--type", "q8_0");
-  const std::string out = cli.Get("-o", "--out");
-  if (!cli.Finish("convert")) return 2;
+  Cli cli("convert", "Rewrite a GGUF with every matrix in one type (vectors become f32); metadata copied as is.");
+  CLI::App& app = cli.app();
+  std::string model, type = "q8_0", out;
+  app.add_option("-m,--model", model, "catalog name or path to a .gguf file (required)")->type_name("MODEL");
+  app.add_option("--type", type, "matrix type")->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+  app.add_option("-o,--out", out, "output .gguf file (required)");
+  if (auto rc = cli.Parse(args)) return *rc;
   if (model.empty() || out.empty()) {
     std::fprintf(stderr, "mererun convert: -m MODEL and -o OUT.gguf are required\n");
     return 2;

@@ -3,16 +3,17 @@
 #include <map>
 
 #include "app/commands.h"
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/model_opts.h"
 #include "model/gguf.h"
 
 namespace mr::app {
 
 int CmdInfo(const Args& args) {
-  CliArgs cli(args);
-  std::string model = cli.Get("-m", "--model");
-  if (!cli.Finish("info")) return 2;
+  Cli cli("info", "Summarise a model file: architecture, sizes, tensor types, tokenizer, chat template.");
+  std::string model;
+  cli.app().add_option("-m,--model", model, "catalog name or path to a .gguf file")->type_name("MODEL");
+  if (auto rc = cli.Parse(args)) return *rc;
   std::string path;
   auto file = OpenGgufOrReport("info", model, &path);
   if (!file) return model.empty() ? 2 : 1;

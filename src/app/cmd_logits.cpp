@@ -6,17 +6,21 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 
 namespace mr::app {
 
 int CmdLogits(const Args& args) {
-  CliArgs cli(args);
-  ModelArgs margs = ParseModelArgs(cli);
-  const std::string tokens_path = cli.Get("", "--tokens");
-  const std::string out_path = cli.Get("-o", "--out");
-  if (!cli.Finish("logits")) return 2;
+  Cli cli("logits", "Dump raw float32 logits at every position of each token sequence (parity checks, scripts/parity.py).");
+  CLI::App& app = cli.app();
+  ModelArgs margs;
+  AddModelOptions(app, &margs);
+  std::string tokens_path, out_path;
+  app.add_option("--tokens", tokens_path, "JSON file: an array of token-id arrays (required)");
+  app.add_option("-o,--out", out_path, "output file (required)");
+  if (auto rc = cli.Parse(args)) return *rc;
   if (tokens_path.empty() || out_path.empty()) {
     std::fprintf(stderr, "mererun logits: --tokens FILE and --out FILE are required\n");
     return 2;

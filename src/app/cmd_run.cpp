@@ -1,9 +1,10 @@
-// `mererun run -m MODEL -p TEXT [-n N] [--chat] [--raw]`: greedy completion and its speed.
+// `mererun run -m MODEL -p TEXT [-n N] [-c CTX] [--raw]`: greedy completion and its speed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/chat_format.h"
@@ -11,13 +12,19 @@
 namespace mr::app {
 
 int CmdRun(const Args& args) {
-  CliArgs cli(args);
-  ModelArgs margs = ParseModelArgs(cli);
-  const std::string prompt = cli.Get("-p", "--prompt");
-  const int n_predict = std::atoi(cli.Get("-n", "--n-predict", "64").c_str());
-  const int n_ctx_arg = std::atoi(cli.Get("-c", "--ctx", "0").c_str());
-  const bool raw = cli.Flag("--raw");  // no chat template
-  if (!cli.Finish("run")) return 2;
+  Cli cli("run", "Greedy completion of a prompt, printed as it is generated, with its speed on stderr.");
+  CLI::App& app = cli.app();
+  ModelArgs margs;
+  AddModelOptions(app, &margs);
+  std::string prompt;
+  int n_predict = 64, n_ctx_arg = 0;
+  bool raw = false;
+  app.add_option("-p,--prompt", prompt, "prompt text (required)");
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate at most")->check(InRange(0, 1 << 24));
+  app.add_option("-c,--ctx", n_ctx_arg, "context length (0: prompt + n-predict, within the model's)")
+      ->check(AtLeast(0));
+  app.add_flag("--raw", raw, "no chat template: the prompt is the raw text");
+  if (auto rc = cli.Parse(args)) return *rc;
   if (prompt.empty()) {
     std::fprintf(stderr, "mererun run: -p TEXT is required\n");
     return 2;

@@ -1,18 +1,19 @@
-// `mererun serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c CTX] [--api-key KEY] [-t N]
-//  [--signing-key-file PATH] [--allow-host NAME,...] [--allow-origin ORIGIN,...] [--max-active N] [--max-queue N] [--max-queued-tokens N] [--step-rows N]
-//  [--prefill-chunk N] [--prefix-cache-mb N] [--no-warmup] [--max-body-bytes N]
-//  [--max-output-tokens N] [--temp T]`: the HTTP server (src/server/).
+// `mererun serve -m MODEL [--port 8080] [-c CTX] [--api-key KEY] ...` (all options with their
+// defaults: `mererun serve --help`): the HTTP server (src/server/).
 #include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 #include <ctime>
 #include <filesystem>
 #include <chrono>
 #include <thread>
 
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/catalog.h"
@@ -24,49 +25,52 @@
 namespace mr::app {
 
 int CmdServe(const Args& args) {
-  CliArgs cli(args);
-  ModelArgs margs = ParseModelArgs(cli);
+  Cli cli("serve", "HTTP server: the Anthropic Messages and OpenAI chat completions APIs (docs/api.md).");
+  CLI::App& app = cli.app();
+  ModelArgs margs;
+  AddModelOptions(app, &margs);
   server::ServerOptions sopts;
-  sopts.host = cli.Get("", "--host", "127.0.0.1");
-  sopts.port = std::atoi(cli.Get("", "--port", "8080").c_str());
-  sopts.api_key = cli.Get("", "--api-key", std::getenv("MERERUN_API_KEY") ? std::getenv("MERERUN_API_KEY") : "");
-  const int64_t n_ctx_arg = std::atoll(cli.Get("-c", "--ctx", "0").c_str());
+  sopts.host = "127.0.0.1";
+  sopts.port = 8080;
+  int64_t n_ctx_arg = 0;
   // The thinking-signature key lives in a 0600 file, never on the command line (ps shows it).
-  const std::string signing_key_file =
-      cli.Get("", "--signing-key-file", (std::filesystem::path(model::MererunHome()) / "signing.key").string());
-  auto list_option = [&](const char* name) {
-    std::vector<std::string> out;
-    for (std::string v = cli.Get("", name); !v.empty(); v = cli.Get("", name)) {
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        const size_t comma = std::min(v.find(',', pos), v.size());
-        if (comma > pos) out.push_back(v.substr(pos, comma - pos));
-        pos = comma + 1;
-      }
-    }
-    return out;
-  };
-  sopts.allow_hosts = list_option("--allow-host");
-  sopts.allow_origins = list_option("--allow-origin");
-  const int max_queue = std::atoi(cli.Get("", "--max-queue", "16").c_str());
-  const int max_active = std::atoi(cli.Get("", "--max-active", "8").c_str());
-  const long long max_queued_tokens = std::atoll(cli.Get("", "--max-queued-tokens", "1048576").c_str());
-  const long long step_rows = std::atoll(cli.Get("", "--step-rows", "64").c_str());
-  const long long prefill_chunk = std::atoll(cli.Get("", "--prefill-chunk", "256").c_str());
-  const long long prefix_cache_mb = std::atoll(cli.Get("", "--prefix-cache-mb", "1024").c_str());
-  const bool no_warmup = cli.Flag("--no-warmup");
-  const long long max_body = std::atoll(cli.Get("", "--max-body-bytes", "33554432").c_str());
-  const long long max_output = std::atoll(cli.Get("", "--max-output-tokens", "0").c_str());
-  const std::string temp = cli.Get("", "--temp");  // default temperature for requests without one
-  const double drain_s = std::atof(cli.Get("", "--drain-seconds", "30").c_str());
-  if (!cli.Finish("serve")) return 2;
-  if (sopts.port < 0 || sopts.port > 65535 || max_queue < 0 || max_active < 1 || max_queued_tokens < 1 ||
-      step_rows < 1 || prefill_chunk < 1 || prefix_cache_mb < 0 || max_body < 1024 || n_ctx_arg < 0 || max_output < 0 || !(drain_s >= 0 && drain_s <= 86400)) {
-    std::fprintf(stderr,
-                 "mererun serve: bad --port, --max-active, --max-queue, --max-queued-tokens, --step-rows, --prefill-chunk, "
-                 "--prefix-cache-mb, --max-body-bytes, --max-output-tokens, --drain-seconds or -c value\n");
-    return 2;
-  }
+  std::string signing_key_file = (std::filesystem::path(model::MererunHome()) / "signing.key").string();
+  std::vector<std::string> allow_hosts, allow_origins;
+  int max_queue = 16, max_active = 8;
+  long long max_queued_tokens = 1048576, step_rows = 64, prefill_chunk = 256, prefix_cache_mb = 1024;
+  bool no_warmup = false;
+  long long max_body = 33554432, max_output = 0;
+  float temp = 0;  // default temperature for requests without one (model default when not given)
+  double drain_s = 30;
+  app.add_option("--host", sopts.host, "address to listen on");
+  app.add_option("--port", sopts.port, "TCP port (0: any free port, printed on stderr)")->check(InRange(0, 65535));
+  app.add_option("-c,--ctx", n_ctx_arg, "context length (0: the model's, at most 32768)")->check(AtLeast<int64_t>(0));
+  app.add_option("--api-key", sopts.api_key, "require this key (x-api-key or Authorization: Bearer)")
+      ->envname("MERERUN_API_KEY");
+  app.add_option("--signing-key-file", signing_key_file, "0600 file holding the thinking-signature key");
+  app.add_option("--allow-host", allow_hosts, "extra accepted Host names (repeat or comma list)")->delimiter(',');
+  app.add_option("--allow-origin", allow_origins, "browser origins allowed to call the API, * for any (repeat or comma list)")
+      ->delimiter(',');
+  app.add_option("--max-active", max_active, "requests generated together")->check(AtLeast(1));
+  app.add_option("--max-queue", max_queue, "requests waiting for a slot before 429")->check(AtLeast(0));
+  app.add_option("--max-queued-tokens", max_queued_tokens, "prompt tokens waiting before 429")->check(AtLeast(1LL));
+  app.add_option("--step-rows", step_rows, "rows per batched engine step")->check(AtLeast(1LL));
+  app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill chunk")->check(AtLeast(1LL));
+  app.add_option("--prefix-cache-mb", prefix_cache_mb, "prefix cache budget in MiB (0: off)")
+      ->check(InRange(0LL, 1LL << 30));
+  app.add_flag("--no-warmup", no_warmup, "skip the warm-up generation before the port opens");
+  app.add_option("--max-body-bytes", max_body, "largest request body")->check(AtLeast(1024LL));
+  app.add_option("--max-output-tokens", max_output, "cap on max_tokens per request (0: context only)")
+      ->check(AtLeast(0LL));
+  CLI::Option* temp_opt =
+      app.add_option("--temp", temp, "temperature for requests that give none (default: the model's)")
+          ->check(InRange(0.0f, 2.0f))
+          ->default_str("");
+  app.add_option("--drain-seconds", drain_s, "on SIGINT/SIGTERM, time admitted requests get to finish")
+      ->check(InRange(0.0, 86400.0));
+  if (auto rc = cli.Parse(args)) return *rc;
+  sopts.allow_hosts = NonEmpty(std::move(allow_hosts));
+  sopts.allow_origins = NonEmpty(std::move(allow_origins));
   sopts.max_body_bytes = static_cast<size_t>(max_body);
   // Every admitted or queued request holds a connection thread while it waits; the spare ones
   // answer /health, /metrics, count_tokens and the 429/529 refusals under load.
@@ -98,7 +102,7 @@ int CmdServe(const Args& args) {
   if (std::filesystem::exists(sm.id)) sm.id = std::filesystem::path(sm.id).stem().string();
   sm.family = DetectChatFamily(model->file());
   sm.default_sampling = ModelDefaultSampling(*model);
-  if (!temp.empty()) sm.default_sampling.temperature = std::strtof(temp.c_str(), nullptr);
+  if (temp_opt->count() > 0) sm.default_sampling.temperature = temp;
   sm.n_ctx = n_ctx;
   sm.max_output_tokens = max_output;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));

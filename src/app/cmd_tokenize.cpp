@@ -1,11 +1,11 @@
-// `mererun tokenize -m MODEL [--no-special] [--no-parse-special]`: stdin text -> JSON ids.
+// `mererun tokenize -m MODEL [--no-add-special] [--parse-special]`: stdin text -> JSON ids.
 // `--decode`: stdin JSON ids -> text.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/gguf.h"
@@ -14,12 +14,15 @@
 namespace mr::app {
 
 int CmdTokenize(const Args& args) {
-  CliArgs cli(args);
-  const std::string model = cli.Get("-m", "--model");
-  const bool decode = cli.Flag("--decode");
-  const bool no_special = cli.Flag("--no-add-special");
-  const bool parse_special = cli.Flag("--parse-special");
-  if (!cli.Finish("tokenize")) return 2;
+  Cli cli("tokenize", "Text on stdin -> token ids (a JSON array) on stdout; --decode reverses.");
+  CLI::App& app = cli.app();
+  std::string model;
+  bool decode = false, no_special = false, parse_special = false;
+  app.add_option("-m,--model", model, "catalog name or path to a .gguf file")->type_name("MODEL");
+  app.add_flag("--decode", decode, "stdin is a JSON array of token ids; print their text");
+  app.add_flag("--no-add-special", no_special, "do not add the BOS/EOS tokens the model asks for");
+  app.add_flag("--parse-special", parse_special, "turn control-token text such as <|im_start|> into control tokens");
+  if (auto rc = cli.Parse(args)) return *rc;
   std::string path;
   auto file = OpenGgufOrReport("tokenize", model, &path);
   if (!file) return model.empty() ? 2 : 1;

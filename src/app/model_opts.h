@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "app/cli_args.h"
+#include "app/cli.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -16,7 +16,9 @@ struct ModelArgs {
   bool ref = false;
 };
 
-ModelArgs ParseModelArgs(CliArgs& cli);
+// Adds -m/--model, -t/--threads (>= 1; default 0: MERERUN_THREADS, else the physical cores) and
+// --ref bound to *a.
+void AddModelOptions(CLI::App& app, ModelArgs* a);
 // Resolve and load; prints "mererun CMD: error" and returns nullptr on failure.
 std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a);
 // Resolve and open the GGUF of `model` (catalog name or path) without loading weights. On

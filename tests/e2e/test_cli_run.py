@@ -53,7 +53,7 @@ def test_info_reports_architecture_and_template():
         (["run", "-p", "hi"], "-m MODEL is required"),
         (["run", "-m", SMOL], "-p TEXT is required"),
         (["run", "-m", "/nonexistent/model.gguf", "-p", "hi"], "no such file"),
-        (["run", "-m", SMOL, "-p", "hi", "--bogus"], "unknown or incomplete argument"),
+        (["run", "-m", SMOL, "-p", "hi", "--bogus"], "argument was not expected: --bogus"),
         (["tokenize", "-m", SMOL, "--decode"], "JSON array"),
         (["frobnicate"], "unknown command"),
     ],
