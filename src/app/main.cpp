@@ -1,6 +1,7 @@
 // mererun CLI entry point: dispatches subcommands (src/app/commands.h).
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "app/commands.h"
@@ -25,9 +26,7 @@ void PrintUsage() {
                "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Dispatch(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     PrintUsage();
     return argc < 2 ? 2 : 0;
@@ -47,4 +46,20 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
   PrintUsage();
   return 2;
+}
+
+}  // namespace
+
+// Expected failures are Status values; this is the barrier for anything thrown that was not
+// expected (std::bad_alloc, a library's exception), so the process reports it and exits with a
+// status instead of dying in std::terminate with no message.
+int main(int argc, char** argv) {
+  try {
+    return Dispatch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mererun: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mererun: unknown exception\n");
+  }
+  return 1;
 }
