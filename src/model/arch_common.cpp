@@ -2,6 +2,7 @@
 // anywhere, so every value is range-checked here, before anything is sized or divided by it:
 // a bad one is a load error naming the key, never a division by zero or a huge allocation.
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "model/gguf.h"
@@ -17,6 +18,36 @@ constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxWidth = int64_t{1} << 20;  // embedding_length, feed_forward_length
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxHeadDim = 4096;
+
+std::string Num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// A finite number in [lo, hi] ((lo, hi] when lo_exclusive), `def` when absent.
+Status ReadFloatKey(const gguf::GgufFile& f, const std::string& key, double lo, double hi, bool lo_exclusive,
+                    double def, float* out) {
+  const gguf::MetaValue* v = f.Find(key);
+  if (v == nullptr) {
+    *out = static_cast<float>(def);
+    return Status::Ok();
+  }
+  const std::optional<double> x = f.GetFloat(key);
+  if (!x) {
+    return InvalidArgument("[model] metadata key '" + key + "': got a " + std::string(gguf::ValueTypeName(v->type)) +
+                           ", expected a number");
+  }
+  // The value is used as a float: one that is finite only as a double is out of range too.
+  const float xf = static_cast<float>(*x);
+  const double y = xf;  // a double that rounds to 0 as a float is 0
+  if (!std::isfinite(xf) || y < lo || (lo_exclusive && y == lo) || y > hi) {
+    return InvalidArgument("[model] metadata key '" + key + "': got " + Num(*x) + ", expected a finite number in " +
+                           (lo_exclusive ? "(" : "[") + Num(lo) + ", " + Num(hi) + "]");
+  }
+  *out = xf;
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -42,24 +73,7 @@ Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, i
 }
 
 Status ReadPositiveFloatKey(const gguf::GgufFile& f, const std::string& key, double def, double hi, float* out) {
-  const gguf::MetaValue* v = f.Find(key);
-  if (v == nullptr) {
-    *out = static_cast<float>(def);
-    return Status::Ok();
-  }
-  const std::optional<double> x = f.GetFloat(key);
-  if (!x) {
-    return InvalidArgument("[model] metadata key '" + key + "': got a " + std::string(gguf::ValueTypeName(v->type)) +
-                           ", expected a number");
-  }
-  // The value is used as a float: one that is finite only as a double is out of range too.
-  const float xf = static_cast<float>(*x);
-  if (!std::isfinite(xf) || !(xf > 0.0f) || *x > hi) {
-    return InvalidArgument("[model] metadata key '" + key + "': got " + std::to_string(*x) +
-                           ", expected a finite number in (0, " + std::to_string(hi) + "]");
-  }
-  *out = xf;
-  return Status::Ok();
+  return ReadFloatKey(f, key, 0.0, hi, /*lo_exclusive=*/true, def, out);
 }
 
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg) {
@@ -109,6 +123,14 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
                            " tokens, expected at most " + std::to_string(INT32_MAX));
   }
   cfg->n_vocab = static_cast<int64_t>(tokens->size());
+  // Sampling defaults the file may carry (read by ModelDefaultSampling): a NaN temperature
+  // would make every probability NaN.
+  float unused = 0.0f;
+  MR_RETURN_IF_ERROR(ReadFloatKey(f, "general.sampling.temp", 0.0, 1e6, false, 0.0, &unused));
+  MR_RETURN_IF_ERROR(ReadFloatKey(f, "general.sampling.top_p", 0.0, 1.0, false, 0.0, &unused));
+  MR_RETURN_IF_ERROR(ReadFloatKey(f, "general.sampling.min_p", 0.0, 1.0, false, 0.0, &unused));
+  int64_t top_k = 0;
+  MR_RETURN_IF_ERROR(ReadIntKey(f, "general.sampling.top_k", 0, INT32_MAX, 0, &top_k));
   cfg->attn_scale = 1.0f / std::sqrt(static_cast<float>(cfg->head_dim));
   cfg->layer_is_swa.assign(cfg->n_layer, false);
   return Status::Ok();

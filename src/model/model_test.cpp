@@ -323,6 +323,12 @@ std::vector<MalformedCase> MalformedCases() {
                "'gemma3.attention.layer_norm_rms_epsilon'"});
   c.push_back({"SlidingWindowNegative", "gemma3", Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
                "'gemma3.attention.sliding_window'"});
+  c.push_back({"SamplingTemperatureNan", "qwen2", Meta([nan](W& w, A) { w.SetF32("general.sampling.temp", nan); }),
+               "'general.sampling.temp'"});
+  c.push_back({"SamplingTopPAboveOne", "llama", Meta([](W& w, A) { w.SetF32("general.sampling.top_p", 1.5f); }),
+               "'general.sampling.top_p'"});
+  c.push_back({"SamplingTopKNegative", "gemma3", Meta([](W& w, A) { w.SetI32("general.sampling.top_k", -1); }),
+               "'general.sampling.top_k'"});
   // -- Tensor values and types
   c.push_back({"NanInF32Matrix", "llama",
                Tensor("blk.1.attn_q.weight",
