@@ -306,6 +306,18 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
   }
 
   DetectSpecialByName(v.get());
+  // The special-token trie takes ~40 bytes per byte of special-token text, so its input is
+  // bounded here rather than by the metadata budget (real vocabularies: under 100 KB).
+  constexpr size_t kMaxSpecialBytes = 4 << 20;
+  size_t special_bytes = 0;
+  for (const TokenData& t : v->tokens) {
+    if (t.attr & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_bytes += t.text.size();
+  }
+  if (special_bytes > kMaxSpecialBytes) {
+    return InvalidArgument("[tokenizer] control, user-defined and unknown tokens ('tokenizer.ggml.token_type' 2, 3, 4) "
+                           "have " + std::to_string(special_bytes) + " bytes of text, expected at most " +
+                           std::to_string(kMaxSpecialBytes));
+  }
   BuildSpecialIndex(v.get());
   return v;
 }

@@ -493,5 +493,25 @@ TEST(TokenizerUnitTest, RejectsNanScoreNamingTheToken) {
   EXPECT_NE(tok.status().message().find("tokenizer.ggml.scores"), std::string::npos) << tok.status().message();
 }
 
+
+// Special tokens are indexed in a byte trie (~40 bytes per byte of their text); a vocabulary
+// of thousands of long user-defined tokens would cost gigabytes. Real vocabularies have under
+// 100 KB of special-token text; over 4 MiB fails to load, naming the key.
+TEST(TokenizerUnitTest, RejectsVocabularyWithHugeSpecialTokenText) {
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 4400; ++i) tokens.push_back(std::to_string(i) + std::string(1000, 'u'));
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "qwen2");
+  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+  w.SetArrayI32("tokenizer.ggml.token_type", std::vector<int32_t>(tokens.size(), 4));  // user-defined
+  w.SetArrayStr("tokenizer.ggml.merges", {});
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok = Tokenizer::FromGguf(*file);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("tokenizer.ggml.token_type"), std::string::npos) << tok.status().message();
+}
+
 }  // namespace
 }  // namespace mr
