@@ -25,6 +25,8 @@ constexpr uint64_t kMaxNestedArrays = 1 << 16;
 // int64, a string a std::string). Everything the header parse stores is charged against this
 // budget before it is allocated; real models need a few tens of MiB (mostly the vocabulary).
 constexpr uint64_t kMaxHeaderMemory = 256ull << 20;
+// An unordered_map node (hash, next pointer, key string, value) beside the key's own bytes.
+constexpr uint64_t kIndexEntryMemory = 64;
 // Keys and tensor names are identifiers (ggml caps tensor names at 64 bytes).
 constexpr uint64_t kMaxNameLength = 1 << 16;
 
@@ -330,6 +332,7 @@ Status GgufFile::ParseImpl() {
     MR_RETURN_IF_ERROR(r.Charge(sizeof(meta_[0]), "metadata"));
     MR_RETURN_IF_ERROR(r.String(&key, "metadata key", kMaxNameLength));
     if (key.empty()) return InvalidArgument("[gguf] metadata key #" + std::to_string(k) + " is empty");
+    MR_RETURN_IF_ERROR(r.Charge(key.size() + kIndexEntryMemory, "metadata key index"));  // meta_index_
     uint32_t vt = 0;
     MR_RETURN_IF_ERROR(r.Pod(&vt, "metadata value type"));
     if (!ValidValueType(vt)) return InvalidArgument("[gguf] key '" + key + "': unknown value type " + std::to_string(vt));
@@ -354,6 +357,7 @@ Status GgufFile::ParseImpl() {
     MR_RETURN_IF_ERROR(r.Charge(sizeof(TensorInfo) + kMaxDims * sizeof(int64_t), "tensor infos"));
     MR_RETURN_IF_ERROR(r.String(&t.name, "tensor name", kMaxNameLength));
     if (t.name.empty()) return InvalidArgument("[gguf] tensor #" + std::to_string(k) + " has an empty name");
+    MR_RETURN_IF_ERROR(r.Charge(t.name.size() + kIndexEntryMemory, "tensor name index"));  // tensor_index_
     const std::string tn = "[gguf] tensor '" + t.name + "': ";
     uint32_t n_dims = 0;
     MR_RETURN_IF_ERROR(r.Pod(&n_dims, "tensor n_dims"));

@@ -821,20 +821,16 @@ std::vector<HugeCase> HugeCases() {
   // 2^36 kvs need >= 13 bytes each: they fit 1 TiB. The first key (all zeros) is empty.
   c.push_back({"KvCount2Pow36", Head([] { return Header(3, 0, 1ull << 36); }), {"metadata key #0 is empty"}});
   c.push_back({"TensorCount2Pow34", Head([] { return Header(3, 1ull << 34, 0); }), {"tensor #0 has an empty name"}});
-  c.push_back({"KeyLength2Pow39",
-               Head([] {
-                 ByteSink s = Header(3, 0, 1);
-                 s.U64(1ull << 39);
-                 return s;
-               }),
-               {"metadata key", "too long"}});
-  c.push_back({"TensorNameLength2Pow39",
-               Head([] {
-                 ByteSink s = Header(3, 1, 0);
-                 s.U64(1ull << 39);
-                 return s;
-               }),
-               {"tensor name", "too long"}});
+  // The first name (a key, or a tensor's when there are no kvs) claims 512 GiB.
+  auto first_name_length = [](uint64_t n_tensors, uint64_t n_kv) {
+    return Head([=] {
+      ByteSink s = Header(3, n_tensors, n_kv);
+      s.U64(1ull << 39);
+      return s;
+    });
+  };
+  c.push_back({"KeyLength2Pow39", first_name_length(0, 1), {"metadata key", "too long"}});
+  c.push_back({"TensorNameLength2Pow39", first_name_length(1, 0), {"tensor name", "too long"}});
   c.push_back({"StringValueLength2Pow39",
                Head([] {
                  ByteSink s = Header(3, 0, 1);
