@@ -1,6 +1,7 @@
 // mererun CLI entry point: dispatches subcommands (src/app/commands.h). Each command parses its
 // own options with CLI11 (src/app/cli.h) and answers `mererun COMMAND --help`.
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "app/cli.h"
@@ -37,9 +38,7 @@ void PrintUsage(std::FILE* out) {
                "Every command's options and their defaults: mererun COMMAND --help (qualify: mererun qualify speed --help).\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Dispatch(int argc, char** argv) {
   const std::string cmd = argc >= 2 ? argv[1] : "";
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     PrintUsage(stdout);
@@ -56,4 +55,20 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "mererun: unknown command '%s'\n", cmd.c_str());
   PrintUsage(stderr);
   return mr::app::kUsageError;
+}
+
+}  // namespace
+
+// Expected failures are Status values; this is the barrier for anything thrown that was not
+// expected (std::bad_alloc, a library's exception), so the process reports it and exits with a
+// status instead of dying in std::terminate with no message.
+int main(int argc, char** argv) {
+  try {
+    return Dispatch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mererun: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mererun: unknown exception\n");
+  }
+  return 1;
 }

@@ -19,14 +19,14 @@ Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg) {
   cfg->post_norms = true;
   cfg->act = Activation::kGeluTanh;
   cfg->embed_scale = std::sqrt(static_cast<float>(cfg->d_model));
-  cfg->rms_eps = static_cast<float>(f.GetFloat("gemma3.attention.layer_norm_rms_epsilon").value_or(1e-6));
-  cfg->sliding_window = f.GetInt("gemma3.attention.sliding_window").value_or(512);
-  cfg->rope_base = static_cast<float>(f.GetFloat("gemma3.rope.freq_base").value_or(1000000.0));
+  MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, "gemma3.attention.layer_norm_rms_epsilon", 1e-6, 1.0, &cfg->rms_eps));
+  MR_RETURN_IF_ERROR(ReadIntKey(f, "gemma3.attention.sliding_window", 0, kMaxContextLength, 512, &cfg->sliding_window));
+  MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, "gemma3.rope.freq_base", 1000000.0, 1e30, &cfg->rope_base));
   cfg->rope_base_swa = 10000.0f;
   // Layers 0..4 sliding, 5 global, repeating (Gemma 3 technical report: 5 local : 1 global).
   constexpr int64_t kPattern = 6;
   for (int64_t l = 0; l < cfg->n_layer; ++l) cfg->layer_is_swa[l] = (l + 1) % kPattern != 0;
-  if (cfg->n_layer > 0 && cfg->d_model / cfg->n_head != cfg->head_dim && cfg->n_layer >= 62) {
+  if (cfg->d_model >= cfg->n_head && cfg->d_model / cfg->n_head != cfg->head_dim && cfg->n_layer >= 62) {
     // 27B uses query_pre_attn_scalar = d_model / n_head.
     cfg->attn_scale = 1.0f / std::sqrt(static_cast<float>(cfg->d_model / cfg->n_head));
   }

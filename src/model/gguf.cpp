@@ -20,6 +20,15 @@ constexpr uint64_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 4;
 constexpr uint64_t kMaxReserve = 1 << 16;
 constexpr uint64_t kMaxNestedArrays = 1 << 16;
+// The file-size checks alone do not bound memory: a sparse file claims terabytes on a few
+// disk blocks, and parsed values take several times their encoded size (an i8 becomes an
+// int64, a string a std::string). Everything the header parse stores is charged against this
+// budget before it is allocated; real models need a few tens of MiB (mostly the vocabulary).
+constexpr uint64_t kMaxHeaderMemory = 256ull << 20;
+// An unordered_map node (hash, next pointer, key string, value) beside the key's own bytes.
+constexpr uint64_t kIndexEntryMemory = 64;
+// Keys and tensor names are identifiers (ggml caps tensor names at 64 bytes).
+constexpr uint64_t kMaxNameLength = 1 << 16;
 
 const TypeTraits kTraits[] = {
     {"f32", 1, 4},      {"f16", 1, 2},      {"q4_0", 32, 18},   {"q4_1", 32, 20},
@@ -57,15 +66,31 @@ class Reader {
   template <typename T>
   Status Pod(T* out, const char* what) { return Bytes(out, sizeof(T), what); }
 
-  Status String(std::string* out, const char* what) {
+  // A GGUF string of at most max_len bytes (a name), charged against the memory budget.
+  Status String(std::string* out, const char* what, uint64_t max_len = UINT64_MAX) {
     uint64_t len = 0;
     MR_RETURN_IF_ERROR(Pod(&len, what));
     if (len > remaining()) {
       return InvalidArgument(std::string("[gguf] string length of ") + what + " exceeds the file (got " +
                              std::to_string(len) + ", " + std::to_string(remaining()) + " bytes left)");
     }
+    if (len > max_len) {
+      return InvalidArgument(std::string("[gguf] string length of ") + what + " is too long (got " +
+                             std::to_string(len) + ", at most " + std::to_string(max_len) + ")");
+    }
+    MR_RETURN_IF_ERROR(Charge(len, what));
     out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
     pos_ += len;
+    return Status::Ok();
+  }
+
+  // Accounts for `bytes` of memory the parse is about to allocate (see kMaxHeaderMemory).
+  Status Charge(uint64_t bytes, const char* what) {
+    if (bytes > budget_) {
+      return InvalidArgument(std::string("[gguf] ") + what + " needs more memory than the " +
+                             std::to_string(kMaxHeaderMemory >> 20) + " MiB allowed for metadata and tensor infos");
+    }
+    budget_ -= bytes;
     return Status::Ok();
   }
 
@@ -73,6 +98,7 @@ class Reader {
   const uint8_t* data_;
   size_t size_;
   size_t pos_ = 0;
+  uint64_t budget_ = kMaxHeaderMemory;
 };
 
 // Minimum encoded size of one value of type t (used to reject impossible array lengths before
@@ -142,6 +168,14 @@ Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, i
   }
   v->array_len = n;
   const ValueType e = v->elem_type;
+  const uint64_t elem_memory = e == ValueType::kString  ? sizeof(std::string)
+                               : e == ValueType::kArray ? sizeof(MetaValue)
+                                                        : sizeof(int64_t);  // arr_int / arr_float
+  uint64_t memory = 0;
+  if (MulOverflow(n, elem_memory, &memory) || !r.Charge(memory, "array").ok()) {
+    return InvalidArgument("[gguf] key '" + key + "': array of " + std::to_string(n) + " elements needs more memory than the " +
+                           std::to_string(kMaxHeaderMemory >> 20) + " MiB allowed for metadata");
+  }
   // Grow as elements really parse (a lying length costs no more memory than the bytes that
   // back it), and bound arrays of arrays, whose 12-byte empty elements are cheap to forge.
   const size_t reserve = static_cast<size_t>(std::min<uint64_t>(n, kMaxReserve));
@@ -149,7 +183,9 @@ Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, i
     v->arr_str.reserve(reserve);
     for (uint64_t k = 0; k < n; ++k) {
       std::string s;
-      MR_RETURN_IF_ERROR(r.String(&s, "array string"));
+      if (Status st = r.String(&s, "array string"); !st.ok()) {
+        return Status(st.code(), st.message() + " (key '" + key + "', element " + std::to_string(k) + ")");
+      }
       v->arr_str.push_back(std::move(s));
     }
   } else if (e == ValueType::kArray) {
@@ -288,11 +324,15 @@ Status GgufFile::ParseImpl() {
     return InvalidArgument("[gguf] tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
   }
 
-  meta_.reserve(n_kv);
+  // Reserve no more than a bound: the counts are only known to fit the file's bytes, and each
+  // entry takes far more memory than its minimal encoding.
+  meta_.reserve(static_cast<size_t>(std::min<uint64_t>(n_kv, kMaxReserve)));
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
-    MR_RETURN_IF_ERROR(r.String(&key, "metadata key"));
+    MR_RETURN_IF_ERROR(r.Charge(sizeof(meta_[0]), "metadata"));
+    MR_RETURN_IF_ERROR(r.String(&key, "metadata key", kMaxNameLength));
     if (key.empty()) return InvalidArgument("[gguf] metadata key #" + std::to_string(k) + " is empty");
+    MR_RETURN_IF_ERROR(r.Charge(key.size() + kIndexEntryMemory, "metadata key index"));  // meta_index_
     uint32_t vt = 0;
     MR_RETURN_IF_ERROR(r.Pod(&vt, "metadata value type"));
     if (!ValidValueType(vt)) return InvalidArgument("[gguf] key '" + key + "': unknown value type " + std::to_string(vt));
@@ -311,11 +351,13 @@ Status GgufFile::ParseImpl() {
     alignment_ = a->u;
   }
 
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(static_cast<size_t>(std::min<uint64_t>(n_tensors, kMaxReserve)));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     TensorInfo t;
-    MR_RETURN_IF_ERROR(r.String(&t.name, "tensor name"));
+    MR_RETURN_IF_ERROR(r.Charge(sizeof(TensorInfo) + kMaxDims * sizeof(int64_t), "tensor infos"));
+    MR_RETURN_IF_ERROR(r.String(&t.name, "tensor name", kMaxNameLength));
     if (t.name.empty()) return InvalidArgument("[gguf] tensor #" + std::to_string(k) + " has an empty name");
+    MR_RETURN_IF_ERROR(r.Charge(t.name.size() + kIndexEntryMemory, "tensor name index"));  // tensor_index_
     const std::string tn = "[gguf] tensor '" + t.name + "': ";
     uint32_t n_dims = 0;
     MR_RETURN_IF_ERROR(r.Pod(&n_dims, "tensor n_dims"));

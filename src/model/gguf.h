@@ -1,6 +1,8 @@
 // GGUF v2/v3 reader. The file is memory-mapped; every count, length, dimension product, offset
-// and size is validated against the file size with overflow-safe arithmetic, so a malformed file
-// yields an error Status and never a crash. Spec: ggml/docs/gguf.md.
+// and size is validated against the file size with overflow-safe arithmetic, and what the parse
+// stores is bounded in memory (gguf.cpp: kMaxHeaderMemory, since a sparse file can claim sizes
+// its disk blocks do not hold), so a malformed file yields an error Status and never a crash or
+// a huge allocation. Spec: ggml/docs/gguf.md.
 //
 // Thread-safety: a GgufFile is immutable after Open/Parse and may be read from any thread.
 #pragma once

@@ -4,6 +4,7 @@
 #include "model/gguf.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -670,6 +671,21 @@ std::vector<CorruptCase> CorruptCases() {
                  return PatchedModel([](auto& b, const auto& l) { PatchU32(b, l.tensor_type_pos[0], kQ4_K); });
                },
                {"tok_embd.weight"}});
+  // -- Names: identifiers, not blobs (ggml itself caps tensor names at 64 bytes)
+  c.push_back({"KeyLongerThanLimit",
+               [] {
+                 GgufWriter w;
+                 w.SetU32(std::string(70000, 'k'), 1);
+                 return w.Serialize();
+               },
+               {"metadata key", "70000"}});
+  c.push_back({"TensorNameLongerThanLimit",
+               [] {
+                 GgufWriter w;
+                 EXPECT_TRUE(w.AddTensor(std::string(70000, 't'), kF32, {1}, Bytes(4, 0)).ok());
+                 return w.Serialize();
+               },
+               {"tensor name", "70000"}});
   return c;
 }
 
@@ -749,6 +765,122 @@ TEST(GgufCorruptSweep, RandomByteMutationsNeverCrash) {
   }
   EXPECT_GT(failures, 100);
 }
+
+// ---- Claimed sizes that the file's bytes do back ------------------------------------------
+// A sparse file claims terabytes on a few disk blocks, so "fits in the file" does not bound
+// memory. These parse a 1 TiB image of zeros (an anonymous mapping: untouched pages cost
+// nothing) whose header claims counts and lengths that fit it. Before the parser bounded its
+// reservations and charged what it stores to a memory budget, each one allocated hundreds of
+// GiB (std::bad_alloc) or grew a vector until memory ran out.
+
+class HugeImage {
+ public:
+  static constexpr size_t kSize = size_t{1} << 40;
+  HugeImage() {
+    void* p = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) data_ = static_cast<uint8_t*>(p);
+  }
+  ~HugeImage() {
+    if (data_) ::munmap(data_, kSize);
+  }
+  HugeImage(const HugeImage&) = delete;
+  HugeImage& operator=(const HugeImage&) = delete;
+  bool ok() const { return data_ != nullptr; }
+  uint8_t* data() { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+};
+
+struct HugeCase {
+  std::string name;
+  std::function<void(uint8_t* image)> write;  // writes the non-zero bytes of the image
+  std::vector<std::string> expect_in_message;
+};
+
+// A case whose image is `head` followed by zeros.
+std::function<void(uint8_t*)> Head(std::function<ByteSink()> head) {
+  return [head](uint8_t* image) {
+    ByteSink s = head();
+    std::memcpy(image, s.bytes().data(), s.size());
+  };
+}
+
+// Header, one key and the start of an array value of `elem` elements claiming length n.
+ByteSink ArrayHead(const char* key, ValueType elem, uint64_t n) {
+  ByteSink s = Header(3, 0, 1);
+  s.Str(key);
+  s.U32(static_cast<uint32_t>(ValueType::kArray));
+  s.U32(static_cast<uint32_t>(elem));
+  s.U64(n);
+  return s;
+}
+
+std::vector<HugeCase> HugeCases() {
+  std::vector<HugeCase> c;
+  // 2^36 kvs need >= 13 bytes each: they fit 1 TiB. The first key (all zeros) is empty.
+  c.push_back({"KvCount2Pow36", Head([] { return Header(3, 0, 1ull << 36); }), {"metadata key #0 is empty"}});
+  c.push_back({"TensorCount2Pow34", Head([] { return Header(3, 1ull << 34, 0); }), {"tensor #0 has an empty name"}});
+  // The first name (a key, or a tensor's when there are no kvs) claims 512 GiB.
+  auto first_name_length = [](uint64_t n_tensors, uint64_t n_kv) {
+    return Head([=] {
+      ByteSink s = Header(3, n_tensors, n_kv);
+      s.U64(1ull << 39);
+      return s;
+    });
+  };
+  c.push_back({"KeyLength2Pow39", first_name_length(0, 1), {"metadata key", "too long"}});
+  c.push_back({"TensorNameLength2Pow39", first_name_length(1, 0), {"tensor name", "too long"}});
+  c.push_back({"StringValueLength2Pow39",
+               Head([] {
+                 ByteSink s = Header(3, 0, 1);
+                 s.Str("general.name");
+                 s.U32(static_cast<uint32_t>(ValueType::kString));
+                 s.U64(1ull << 39);
+                 return s;
+               }),
+               {"general.name", "MiB"}});
+  c.push_back({"U8ArrayLength2Pow39", Head([] { return ArrayHead("tokenizer.ggml.token_type", ValueType::kU8, 1ull << 39); }),
+               {"tokenizer.ggml.token_type", "MiB"}});
+  c.push_back({"StringArrayLength2Pow36", Head([] { return ArrayHead("tokenizer.ggml.tokens", ValueType::kString, 1ull << 36); }),
+               {"tokenizer.ggml.tokens", "MiB"}});
+  c.push_back({"ManyLongStrings",
+               [](uint8_t* image) {
+                 // 4096 strings of 1 MiB (4 GiB): each length is plausible, their sum is not. Only
+                 // the length fields are written; the string bytes are the image's zeros.
+                 ByteSink s = ArrayHead("tokenizer.ggml.merges", ValueType::kString, 4096);
+                 std::memcpy(image, s.bytes().data(), s.size());
+                 size_t at = s.size();
+                 for (int k = 0; k < 4096; ++k) {
+                   const uint64_t len = 1ull << 20;
+                   std::memcpy(image + at, &len, 8);
+                   at += 8 + len;
+                 }
+               },
+               {"tokenizer.ggml.merges", "MiB"}});
+  return c;
+}
+
+void PrintTo(const HugeCase& c, std::ostream* os) { *os << c.name; }
+
+class GgufHugeClaim : public ::testing::TestWithParam<HugeCase> {};
+
+TEST_P(GgufHugeClaim, FailsWithoutAHugeAllocation) {
+  const HugeCase& hc = GetParam();
+  HugeImage image;
+  if (!image.ok()) GTEST_SKIP() << "cannot map a 1 TiB image";
+  hc.write(image.data());
+  auto f = GgufFile::Parse(image.data(), HugeImage::kSize);
+  ASSERT_FALSE(f.ok()) << hc.name << " parsed successfully";
+  const std::string& msg = f.status().message();
+  EXPECT_EQ(msg.rfind("[gguf]", 0), 0u) << msg;
+  for (const std::string& want : hc.expect_in_message) {
+    EXPECT_NE(msg.find(want), std::string::npos) << "message lacks '" << want << "': " << msg;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GgufHugeClaim, ::testing::ValuesIn(HugeCases()),
+                         [](const ::testing::TestParamInfo<HugeCase>& i) { return i.param.name; });
 
 TEST(GgufOpen, RejectsDirectoryAndEmptyFile) {
   EXPECT_FALSE(GgufFile::Open(::testing::TempDir()).ok());

@@ -123,6 +123,36 @@ Status CheckShape(const gguf::TensorInfo& t, int64_t cols, int64_t rows) {
   return Status::Ok();
 }
 
+// Index of the first NaN or infinity in x[0..n), or -1. A weight file with one (a corrupted
+// or hostile FP16/FP32 value, or a block scale of a quantized type) would turn every logit
+// into NaN; the loader rejects it instead. Branch-free over the bits, so it vectorizes.
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    bad |= (b & 0x7f800000u) == 0x7f800000u;
+  }
+  if (!bad) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+Status NonFiniteError(const gguf::TensorInfo& t, int64_t row, int64_t col, float value) {
+  return InvalidArgument("[model] tensor '" + t.name + "' (" + gguf::TypeName(t.type) + "): row " + std::to_string(row) +
+                         ", column " + std::to_string(col) + " dequantizes to " + std::to_string(value) +
+                         ", expected a finite value");
+}
+
+// The dequantization of a tensor's rows, with the tensor named in any error.
+Status DequantizeRows(const gguf::TensorInfo& t, const uint8_t* src, float* dst, int64_t n) {
+  Status st = DequantizeRow(t.type, src, dst, n);
+  if (!st.ok()) return Status(st.code(), "[model] tensor '" + t.name + "': " + st.message());
+  return Status::Ok();
+}
+
 Status LoadVector(const gguf::GgufFile& f, const std::string& name, int64_t n, std::vector<float>* out) {
   const gguf::TensorInfo* t;
   MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
@@ -130,8 +160,13 @@ Status LoadVector(const gguf::GgufFile& f, const std::string& name, int64_t n, s
     return InvalidArgument("[model] tensor '" + name + "': " + std::to_string(t->n_elements) + " elements, expected " +
                            std::to_string(n));
   }
+  if (!CanDequantize(t->type)) {
+    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
+  }
   out->resize(n);
-  return DequantizeRow(t->type, t->data, out->data(), n);
+  MR_RETURN_IF_ERROR(DequantizeRows(*t, t->data, out->data(), n));
+  if (const int64_t i = FirstNonFinite(out->data(), n); i >= 0) return NonFiniteError(*t, i / t->cols(), i % t->cols(), (*out)[i]);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -164,8 +199,12 @@ Status Model::LoadWeights() {
       for (int64_t ch = b; ch < e; ++ch) {
         const int64_t r0 = ch * kChunk, nr = std::min(kChunk, rows - r0);
         for (int64_t r = 0; r < nr; ++r) {
-          Status st = DequantizeRow(t->type, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
+          Status st = DequantizeRows(*t, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
           if (!st.ok()) { errors[th] = st; return; }
+        }
+        if (const int64_t i = FirstNonFinite(buf.data(), nr * cols); i >= 0) {
+          errors[th] = NonFiniteError(*t, r0 + i / cols, i % cols, buf[i]);
+          return;
         }
         QuantError qe;  // conversion error statistics cost a pass of doubles: only for debug logs
         QMatrix part = QuantizeQ8(buf.data(), nr, cols, want_stats ? &qe : nullptr);

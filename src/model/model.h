@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -202,5 +203,13 @@ Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 // Common keys shared by all architectures ({arch}.block_count, ...).
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);
+// Checked metadata readers for the architecture files (arch_common.cpp). A missing key takes
+// `def` (an error when there is none); a value of another type or out of range is an error
+// naming the key. Floats must be finite (as a float) and in (0, hi].
+Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, int64_t hi,
+                  std::optional<int64_t> def, int64_t* out);
+Status ReadPositiveFloatKey(const gguf::GgufFile& f, const std::string& key, double def, double hi, float* out);
+// Bound on context_length and sliding_window (16M positions; released models use <= 1M).
+inline constexpr int64_t kMaxContextLength = int64_t{1} << 24;
 
 }  // namespace mr

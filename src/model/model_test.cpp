@@ -11,10 +11,12 @@
 #include <new>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/half.h"
 #include "model/gguf_writer.h"
 #include "model/model.h"
 
@@ -40,6 +42,10 @@ struct TinySpec {
   std::string arch;  // llama | qwen2 | gemma3
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
+  // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
+  // bytes (F32 as generated) before it is added.
+  std::function<void(gguf::GgufWriter&)> edit_meta;
+  std::function<void(const std::string& name, uint32_t* type, std::vector<uint8_t>* bytes)> edit_tensor;
 };
 
 // Writes a random tiny model to a temp file and returns its path.
@@ -66,15 +72,21 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   w.SetArrayStr("tokenizer.ggml.tokens", tokens);
   w.SetArrayI32("tokenizer.ggml.token_type", std::vector<int32_t>(s.vocab, 1));
   w.SetArrayStr("tokenizer.ggml.merges", {});
+  if (s.edit_meta) s.edit_meta(w);
   const int64_t d = s.d, q_dim = s.n_head * s.head_dim, kv_dim = s.n_head_kv * s.head_dim;
+  auto add = [&](const std::string& name, std::vector<int64_t> dims, std::vector<uint8_t> bytes) {
+    uint32_t type = kF32;
+    if (s.edit_tensor) s.edit_tensor(name, &type, &bytes);
+    ASSERT_TRUE(w.AddTensor(name, type, std::move(dims), std::move(bytes)).ok()) << name;
+  };
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    ASSERT_TRUE(w.AddTensor(name, kF32, {cols, rows}, RandomF32Bytes(rows * cols, rng, 1.0f / std::sqrt(float(cols)))).ok());
+    add(name, {cols, rows}, RandomF32Bytes(rows * cols, rng, 1.0f / std::sqrt(float(cols))));
   };
   auto vec = [&](const std::string& name, int64_t n, float around) {
     std::normal_distribution<float> dist(around, 0.1f);
     std::vector<uint8_t> b(n * 4);
     for (int64_t i = 0; i < n; ++i) { float v = dist(rng); std::memcpy(b.data() + i * 4, &v, 4); }
-    ASSERT_TRUE(w.AddTensor(name, kF32, {n}, b).ok());
+    add(name, {n}, std::move(b));
   };
   mat("token_embd.weight", s.vocab, d);
   vec("output_norm.weight", d, 1.0f);
@@ -196,6 +208,223 @@ TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest, ::testing::Values("llama", "qwen2", "gemma3"));
+
+// ---- Malformed model files -----------------------------------------------------------------
+// Each case is a tiny model with one hostile value. Before the loader validated them, each
+// crashed (SIGFPE on head_count_kv = 0, std::bad_alloc on a huge block_count), loaded a broken
+// model (NaN weights, context_length 0, a NaN RoPE base) or failed with a message that did not
+// name the culprit. Now each must fail to load, naming the key or the tensor.
+
+struct MalformedCase {
+  std::string name;
+  std::string arch;
+  std::function<void(TinySpec&)> setup;
+  std::string needle;  // the key or tensor the message must name
+};
+
+// One metadata edit.
+std::function<void(TinySpec&)> Meta(std::function<void(gguf::GgufWriter&, const std::string& arch)> edit) {
+  return [edit](TinySpec& s) {
+    const std::string a = s.arch;
+    s.edit_meta = [edit, a](gguf::GgufWriter& w) { edit(w, a); };
+  };
+}
+
+// One tensor edit: `edit` gets the generated F32 values and may change them, the type and the
+// bytes (it returns the bytes to store).
+std::function<void(TinySpec&)> Tensor(const std::string& name,
+                                      std::function<std::vector<uint8_t>(std::vector<float>&, uint32_t*)> edit) {
+  return [name, edit](TinySpec& s) {
+    s.edit_tensor = [name, edit](const std::string& n, uint32_t* type, std::vector<uint8_t>* bytes) {
+      if (n != name) return;
+      std::vector<float> f(bytes->size() / 4);
+      std::memcpy(f.data(), bytes->data(), bytes->size());
+      *bytes = edit(f, type);
+    };
+  };
+}
+
+std::vector<uint8_t> F32Bytes(const std::vector<float>& f) {
+  std::vector<uint8_t> b(f.size() * 4);
+  std::memcpy(b.data(), f.data(), b.size());
+  return b;
+}
+
+// Q8_0 blocks (ggml block_q8_0: an F16 scale, then 32 int8) of values in row-major order.
+std::vector<uint8_t> Q8_0Bytes(const std::vector<float>& f) {
+  std::vector<uint8_t> b;
+  for (size_t k = 0; k < f.size(); k += 32) {
+    float amax = 0;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(f[k + i]));
+    const float scale = amax / 127.0f;
+    const uint16_t h = F32ToF16(scale);
+    b.push_back(static_cast<uint8_t>(h));
+    b.push_back(static_cast<uint8_t>(h >> 8));
+    for (size_t i = 0; i < 32; ++i) b.push_back(static_cast<uint8_t>(static_cast<int8_t>(scale > 0 ? std::lround(f[k + i] / scale) : 0)));
+  }
+  return b;
+}
+
+std::vector<MalformedCase> MalformedCases() {
+  using W = gguf::GgufWriter;
+  using A = const std::string&;
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<MalformedCase> c;
+  // -- Hyperparameters
+  c.push_back({"HeadCountKvZero", "llama", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 0); }),
+               "'llama.attention.head_count_kv'"});
+  c.push_back({"HeadCountKvZeroQwen2", "qwen2", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 0); }),
+               "'qwen2.attention.head_count_kv'"});
+  c.push_back({"HeadCountKvNotADivisor", "llama", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 3); }),
+               "'llama.attention.head_count_kv'"});
+  c.push_back({"HeadCountKvAboveHeadCount", "llama", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 8); }),
+               "'llama.attention.head_count_kv'"});
+  c.push_back({"HeadCountKvNegative", "llama", Meta([](W& w, A a) { w.SetI32(a + ".attention.head_count_kv", -2); }),
+               "'llama.attention.head_count_kv'"});
+  c.push_back({"BlockCountHuge", "llama", Meta([](W& w, A a) { w.SetU64(a + ".block_count", 1ull << 40); }),
+               "'llama.block_count'"});
+  c.push_back({"BlockCountAboveLimit", "gemma3", Meta([](W& w, A a) { w.SetU32(a + ".block_count", 5000); }),
+               "'gemma3.block_count'"});
+  c.push_back({"EmbeddingNotDivisibleByHeads", "llama",
+               Meta([](W& w, A a) {
+                 w.RemoveKey(a + ".attention.key_length");
+                 w.RemoveKey(a + ".attention.value_length");
+                 w.SetU32(a + ".attention.head_count", 3);
+                 w.SetU32(a + ".attention.head_count_kv", 3);
+               }),
+               "'llama.embedding_length'"});
+  c.push_back({"KeyLengthZero", "llama",
+               Meta([](W& w, A a) {
+                 w.SetU32(a + ".attention.key_length", 0);
+                 w.SetU32(a + ".attention.value_length", 0);
+               }),
+               "'llama.attention.key_length'"});
+  c.push_back({"KeyLengthOdd", "qwen2",
+               Meta([](W& w, A a) {
+                 w.SetU32(a + ".attention.key_length", 33);
+                 w.SetU32(a + ".attention.value_length", 33);
+               }),
+               "'qwen2.attention.key_length'"});
+  c.push_back({"ContextLengthZero", "llama", Meta([](W& w, A a) { w.SetU32(a + ".context_length", 0); }),
+               "'llama.context_length'"});
+  c.push_back({"ContextLengthAbove2Pow63", "llama", Meta([](W& w, A a) { w.SetU64(a + ".context_length", ~0ull); }),
+               "'llama.context_length'"});
+  c.push_back({"RopeFreqBaseNan", "llama", Meta([nan](W& w, A a) { w.SetF32(a + ".rope.freq_base", nan); }),
+               "'llama.rope.freq_base'"});
+  c.push_back({"RopeFreqBaseNegative", "qwen2", Meta([](W& w, A a) { w.SetF32(a + ".rope.freq_base", -1.0f); }),
+               "'qwen2.rope.freq_base'"});
+  c.push_back({"RopeFreqBaseString", "llama", Meta([](W& w, A a) { w.SetString(a + ".rope.freq_base", "10000"); }),
+               "'llama.rope.freq_base'"});
+  c.push_back({"RopeFreqBaseInfGemma3", "gemma3", Meta([inf](W& w, A a) { w.SetF64(a + ".rope.freq_base", inf); }),
+               "'gemma3.rope.freq_base'"});
+  c.push_back({"RmsEpsilonInf", "llama", Meta([inf](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", inf); }),
+               "'llama.attention.layer_norm_rms_epsilon'"});
+  c.push_back({"RmsEpsilonZero", "gemma3", Meta([](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", 0.0f); }),
+               "'gemma3.attention.layer_norm_rms_epsilon'"});
+  c.push_back({"SlidingWindowNegative", "gemma3", Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
+               "'gemma3.attention.sliding_window'"});
+  c.push_back({"SamplingTemperatureNan", "qwen2", Meta([nan](W& w, A) { w.SetF32("general.sampling.temp", nan); }),
+               "'general.sampling.temp'"});
+  c.push_back({"SamplingTopPAboveOne", "llama", Meta([](W& w, A) { w.SetF32("general.sampling.top_p", 1.5f); }),
+               "'general.sampling.top_p'"});
+  c.push_back({"SamplingTopKNegative", "gemma3", Meta([](W& w, A) { w.SetI32("general.sampling.top_k", -1); }),
+               "'general.sampling.top_k'"});
+  // -- Tensor values and types
+  c.push_back({"NanInF32Matrix", "llama",
+               Tensor("blk.1.attn_q.weight",
+                      [nan](std::vector<float>& f, uint32_t*) {
+                        f[3 * 128 + 5] = nan;
+                        return F32Bytes(f);
+                      }),
+               "'blk.1.attn_q.weight' (f32): row 3, column 5"});
+  c.push_back({"InfInF16Norm", "qwen2",
+               Tensor("output_norm.weight",
+                      [](std::vector<float>& f, uint32_t* type) {
+                        *type = 1;  // f16
+                        std::vector<uint8_t> b;
+                        for (size_t i = 0; i < f.size(); ++i) {
+                          const uint16_t h = i == 7 ? uint16_t{0x7c00} : F32ToF16(f[i]);  // +inf at 7
+                          b.push_back(static_cast<uint8_t>(h));
+                          b.push_back(static_cast<uint8_t>(h >> 8));
+                        }
+                        return b;
+                      }),
+               "'output_norm.weight' (f16)"});
+  c.push_back({"NanScaleInQ8_0Block", "gemma3",
+               Tensor("blk.0.ffn_down.weight",
+                      [](std::vector<float>& f, uint32_t* type) {
+                        *type = 8;  // q8_0
+                        std::vector<uint8_t> b = Q8_0Bytes(f);
+                        b[2 * 34] = 0x00;  // third block's F16 scale: NaN
+                        b[2 * 34 + 1] = 0x7e;
+                        return b;
+                      }),
+               "'blk.0.ffn_down.weight' (q8_0)"});
+  c.push_back({"NormOfUnconvertibleType", "llama",
+               Tensor("blk.0.attn_norm.weight",
+                      [](std::vector<float>& f, uint32_t* type) {
+                        *type = 26;  // i32: same size, no dequantization
+                        return F32Bytes(f);
+                      }),
+               "'blk.0.attn_norm.weight'"});
+  return c;
+}
+
+void PrintTo(const MalformedCase& c, std::ostream* os) { *os << c.name; }
+
+class MalformedModelTest : public ::testing::TestWithParam<MalformedCase> {};
+
+TEST_P(MalformedModelTest, FailsToLoadNamingTheKeyOrTensor) {
+  const MalformedCase& c = GetParam();
+  TinySpec s;
+  s.arch = c.arch;
+  c.setup(s);
+  const std::string path = WriteTinyModel(s, 41);
+  LoadOptions o;
+  o.n_threads = 2;
+  auto m = Model::Load(path, o);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(m.ok()) << c.name << " loaded";
+  EXPECT_EQ(m.status().message().rfind("[model] ", 0), 0u) << m.status().message();
+  EXPECT_NE(m.status().message().find(c.needle), std::string::npos)
+      << "message lacks " << c.needle << ": " << m.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MalformedModelTest, ::testing::ValuesIn(MalformedCases()),
+                         [](const ::testing::TestParamInfo<MalformedCase>& i) { return i.param.name; });
+
+// The validation must not reject what real models contain: every hyperparameter at a boundary
+// it allows (no key_length, so head size = embedding_length / head_count; head_count_kv =
+// head_count; no context_length; a one-layer model; a Q8_0 matrix) loads and runs.
+TEST(MalformedModelTest, BoundaryValuesStillLoad) {
+  TinySpec s;
+  s.arch = "llama";
+  s.n_layer = 1;
+  s.n_head_kv = s.n_head;
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.RemoveKey("llama.attention.key_length");
+    w.RemoveKey("llama.attention.value_length");
+    w.RemoveKey("llama.context_length");
+  };
+  s.edit_tensor = [](const std::string& name, uint32_t* type, std::vector<uint8_t>* bytes) {
+    if (name != "blk.0.ffn_down.weight") return;
+    std::vector<float> f(bytes->size() / 4);
+    std::memcpy(f.data(), bytes->data(), bytes->size());
+    *type = 8;
+    *bytes = Q8_0Bytes(f);
+  };
+  const std::string path = WriteTinyModel(s, 43);
+  auto m = LoadTiny(path, false);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->config().head_dim, s.d / s.n_head);
+  EXPECT_EQ(m->config().n_ctx_train, 2048);
+  KvCache kv = m->NewKvCache(4);
+  std::vector<float> logits(s.vocab);
+  const std::vector<TokenId> toks = {1, 2, 3};
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 3, false, logits.data()).ok());
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+}
 
 TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   // 2 sliding layers (layers 0..4 of every 6 slide) with window 3: position p sees p-2..p in

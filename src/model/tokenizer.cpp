@@ -3,6 +3,7 @@
 // tokenize, token_to_piece, detokenize).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -54,6 +55,29 @@ Status ApplyBpePre(Vocab* v) {
                        "deepseek-r1-qwen, llama3, llama-bpe, falcon3)");
   }
   return Status::Ok();
+}
+
+// A token's text for an error message: at most 32 bytes, non-printable bytes as \xNN.
+std::string Quoted(const std::string& text) {
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < 32; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (std::isprint(c) && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out + (text.size() > 32 ? "'..." : "'");
+}
+
+// "<0xXX>": the only text a byte token can have (BuildPieces and the SentencePiece byte
+// fallback read its byte from there).
+bool IsByteTokenText(const std::string& s) {
+  return s.size() == 6 && s.compare(0, 3, "<0x") == 0 && std::isxdigit(static_cast<unsigned char>(s[3])) &&
+         std::isxdigit(static_cast<unsigned char>(s[4])) && s[5] == '>';
 }
 
 void AddControl(Vocab* v, TokenId id) { v->tokens[id].attr |= kAttrControl; }
@@ -237,6 +261,16 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
     t.text = (*texts)[i].empty() ? "[EMPTY_" + std::to_string(i) + "]" : (*texts)[i];
     t.score = scores ? static_cast<float>((*scores)[i]) : 0.0f;
     t.attr = types ? AttrFromType((*types)[i]) : uint16_t{kAttrNormal};
+    if ((t.attr & kAttrByte) && !IsByteTokenText(t.text)) {
+      return InvalidArgument("[tokenizer] token " + std::to_string(i) +
+                             " of 'tokenizer.ggml.tokens' has type BYTE (tokenizer.ggml.token_type 6): got text " +
+                             Quoted(t.text) + ", expected '<0xXX>'");
+    }
+    // Merge priorities compare scores; a NaN breaks the ordering the merge queue relies on.
+    if (std::isnan(t.score)) {
+      return InvalidArgument("[tokenizer] 'tokenizer.ggml.scores' of token " + std::to_string(i) +
+                             ": got nan, expected a number");
+    }
   }
   for (size_t i = 0; i < n; ++i) v->index[v->tokens[i].text] = static_cast<TokenId>(i);
 
@@ -272,6 +306,18 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
   }
 
   DetectSpecialByName(v.get());
+  // The special-token trie takes ~40 bytes per byte of special-token text, so its input is
+  // bounded here rather than by the metadata budget (real vocabularies: under 100 KB).
+  constexpr size_t kMaxSpecialBytes = 4 << 20;
+  size_t special_bytes = 0;
+  for (const TokenData& t : v->tokens) {
+    if (t.attr & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_bytes += t.text.size();
+  }
+  if (special_bytes > kMaxSpecialBytes) {
+    return InvalidArgument("[tokenizer] control, user-defined and unknown tokens ('tokenizer.ggml.token_type' 2, 3, 4) "
+                           "have " + std::to_string(special_bytes) + " bytes of text, expected at most " +
+                           std::to_string(kMaxSpecialBytes));
+  }
   BuildSpecialIndex(v.get());
   return v;
 }
@@ -355,7 +401,7 @@ void TokenizerBase::BuildPieces() {
     } else if (t.attr & kAttrNormal) {
       pieces_[id] = NormalPiece(t.text);
     } else if (t.attr & kAttrByte) {
-      // "<0xXX>"
+      // "<0xXX>" (LoadVocab rejects any other text for a byte token)
       pieces_[id] = std::string(1, static_cast<char>(std::strtol(t.text.substr(3, 2).c_str(), nullptr, 16)));
     }
     // unused / undefined tokens render as nothing

@@ -3,6 +3,7 @@
 // fixture tests skip when the model file is absent (see model/test_models.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <random>
@@ -446,6 +447,70 @@ TEST(TokenizerUnitTest, RejectsUnsupportedOrBrokenMetadata) {
     auto file = TinyGguf(w, &storage);
     EXPECT_FALSE(Tokenizer::FromGguf(*file).ok());  // too few scores
   }
+}
+
+
+// A byte token (tokenizer.ggml.token_type 6) must spell its byte as "<0xXX>": BuildPieces and
+// the byte fallback read the byte from that text. Before the loader checked it, a text shorter
+// than 3 characters threw std::out_of_range (uncaught: the process died) and "<0x4>" or
+// "<0xZZ>" loaded as a wrong byte. Each must fail to load, naming the token id.
+TEST(TokenizerUnitTest, RejectsMalformedByteTokensNamingTheId) {
+  const std::vector<std::string> bad_texts = {"", "<0", "<0x", "<0x4>", "<0xZZ>", "<0x41>x", "0x41>",
+                                             std::string("<0x\0A>", 6)};
+  for (const std::string& bad : bad_texts) {
+    for (const char* model : {"llama", "gpt2"}) {
+      std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<0x41>", bad, "a"};
+      std::vector<int32_t> types = {2, 3, 3, 6, 6, 1};
+      gguf::GgufWriter w;
+      w.SetString("tokenizer.ggml.model", model);
+      w.SetString("tokenizer.ggml.pre", "qwen2");
+      w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+      w.SetArrayI32("tokenizer.ggml.token_type", types);
+      w.SetArrayStr("tokenizer.ggml.merges", {});
+      std::vector<uint8_t> storage;
+      auto file = TinyGguf(w, &storage);
+      auto tok = Tokenizer::FromGguf(*file);
+      ASSERT_FALSE(tok.ok()) << model << " accepted byte token text '" << bad << "'";
+      EXPECT_NE(tok.status().message().find("token 4 "), std::string::npos) << tok.status().message();
+      EXPECT_NE(tok.status().message().find("BYTE"), std::string::npos) << tok.status().message();
+    }
+  }
+}
+
+// A NaN score breaks the strict ordering of the SentencePiece merge queue (undefined
+// behaviour in std::priority_queue); it must fail to load, naming the token.
+TEST(TokenizerUnitTest, RejectsNanScoreNamingTheToken) {
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "llama");
+  w.SetArrayStr("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a", "b", "ab"});
+  w.SetArrayF32("tokenizer.ggml.scores", {0, 0, 0, -1, -1, std::nanf("")});
+  w.SetArrayI32("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1});
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok = Tokenizer::FromGguf(*file);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("token 5"), std::string::npos) << tok.status().message();
+  EXPECT_NE(tok.status().message().find("tokenizer.ggml.scores"), std::string::npos) << tok.status().message();
+}
+
+
+// Special tokens are indexed in a byte trie (~40 bytes per byte of their text); a vocabulary
+// of thousands of long user-defined tokens would cost gigabytes. Real vocabularies have under
+// 100 KB of special-token text; over 4 MiB fails to load, naming the key.
+TEST(TokenizerUnitTest, RejectsVocabularyWithHugeSpecialTokenText) {
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 4400; ++i) tokens.push_back(std::to_string(i) + std::string(1000, 'u'));
+  gguf::GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "qwen2");
+  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+  w.SetArrayI32("tokenizer.ggml.token_type", std::vector<int32_t>(tokens.size(), 4));  // user-defined
+  w.SetArrayStr("tokenizer.ggml.merges", {});
+  std::vector<uint8_t> storage;
+  auto file = TinyGguf(w, &storage);
+  auto tok = Tokenizer::FromGguf(*file);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("tokenizer.ggml.token_type"), std::string::npos) << tok.status().message();
 }
 
 }  // namespace
