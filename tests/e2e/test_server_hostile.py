@@ -372,19 +372,20 @@ def test_signing_key_survives_restart(mererun_bin, model_path, tmp_path):
 
 
 def test_overload_refusals_are_fast_and_health_answers(mererun_bin, model_path):
-    """A burst of 60 clients against 2 active + 4 queued: the extra ones get 429 at once, and
-    /health answers throughout."""
+    """A burst of 100 clients against the default 8 active + 16 queued: every extra request gets
+    429/529 at once, and /health answers throughout."""
     model_path("smollm2-135m-instruct")
-    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048", "--no-warmup", "--max-active", "2",
-                      "--max-queue", "4")
+    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048", "--no-warmup")
     results = []
     lock = threading.Lock()
+    go = threading.Event()
 
     def client():
+        go.wait()
         t0 = time.time()
         try:
-            r = requests.post(s.base_url + "/v1/messages", timeout=120, json={
-                "model": "m", "max_tokens": 64, "temperature": 1.0,
+            r = requests.post(s.base_url + "/v1/messages", timeout=300, json={
+                "model": "m", "max_tokens": 48, "temperature": 1.0,
                 "messages": [{"role": "user", "content": "Tell me about the sea."}]})
             status = r.status_code
         except requests.RequestException as e:
@@ -393,9 +394,10 @@ def test_overload_refusals_are_fast_and_health_answers(mererun_bin, model_path):
             results.append((status, time.time() - t0))
 
     try:
-        threads = [threading.Thread(target=client) for _ in range(60)]
+        threads = [threading.Thread(target=client) for _ in range(100)]
         for t in threads:
             t.start()
+        go.set()
         health_ms = []
         while any(t.is_alive() for t in threads):
             t0 = time.time()
@@ -404,17 +406,18 @@ def test_overload_refusals_are_fast_and_health_answers(mererun_bin, model_path):
             time.sleep(0.05)
         for t in threads:
             t.join()
-        refused = [d for st, d in results if st in (429, 529)]
+        refused = sorted(d for st, d in results if st in (429, 529))
         ok = [d for st, d in results if st == 200]
-        assert len(ok) + len(refused) == 60, results
-        assert len(refused) >= 40, results
-        refused.sort()
+        assert len(ok) + len(refused) == 100, results
+        assert len(ok) >= 24 and len(refused) >= 50, (len(ok), len(refused))
         health_ms.sort()
-        print(f"refusal latency p50 {refused[len(refused) // 2] * 1000:.1f} ms, max {refused[-1] * 1000:.1f} ms; "
-              f"/health max {health_ms[-1]:.1f} ms over {len(health_ms)} probes")
+        p = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]
+        print(f"{len(ok)} served, {len(refused)} refused: refusal latency p50 {p(refused, 0.5) * 1000:.1f} ms, "
+              f"p90 {p(refused, 0.9) * 1000:.1f} ms, max {refused[-1] * 1000:.1f} ms; /health p50 "
+              f"{p(health_ms, 0.5):.1f} ms, max {health_ms[-1]:.1f} ms over {len(health_ms)} probes")
         # 100 ms is the target on a quiet machine; a shared 2-core CI box gets slack.
-        assert refused[len(refused) // 2] < 0.5
-        assert health_ms[len(health_ms) // 2] < 500
+        assert p(refused, 0.9) < 1.0
+        assert p(health_ms, 0.5) < 500
         assert_idle(s)
     finally:
         s.stop()
