@@ -5,7 +5,8 @@
 #   3. the llama.cpp reference and the likelihood dataset, tools/llamacpp, and Claude Code for the server smoke test,
 #      tools/claude-code (npm ci; only if absent or out of date)
 #   4. configure and build the release preset (build/bin/mererun)
-# Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only).
+# Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only);
+# CI=true adds -Werror to the release build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -120,7 +121,10 @@ fi
 # --- 4. build ----------------------------------------------------------------------------
 if [ "${MERERUN_SKIP_BUILD:-0}" != 1 ]; then
   log "configuring and building (release preset)"
-  cmake --preset release >/dev/null
+  # CI builds with -Werror: a new warning fails the submission rather than piling up.
+  werror=OFF
+  [ "${CI:-}" = true ] && werror=ON
+  cmake --preset release -DMERERUN_WERROR="$werror" >/dev/null
   cmake --build --preset release -j"${MERERUN_JOBS:-2}"
   log "built build/bin/mererun"
 fi
