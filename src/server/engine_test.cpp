@@ -197,5 +197,60 @@ TEST_F(EngineTest, PrefixReuseGivesTheColdOutput) {
   EXPECT_EQ(r2.cache_creation_5m_tokens + r2.cache_creation_1h_tokens, 0);
 }
 
+// An exception inside one request's callbacks fails that request only: the others running with
+// it finish with their normal output, the engine serves the next request, and no slot leaks.
+TEST_F(EngineTest, ExceptionInOneRequestFailsOnlyThatRequest) {
+  Engine engine(*model_, Options(4, 4));
+  TestJob alone(Prompt("The capital of France is"), 12);
+  ASSERT_EQ(engine.Submit(alone.job).admit, sched::Admit::kQueued);
+  ASSERT_TRUE(alone.Wait());
+  ASSERT_TRUE(alone.out->result.ok());
+
+  TestJob bad(Prompt("Tell me about the sea."), 40);
+  auto inner = bad.job->on_token;
+  bad.job->on_token = [inner, seen = bad.seen](TokenId t) -> bool {
+    if (seen->load() == 3) throw std::runtime_error("callback failed");
+    return inner(t);
+  };
+  TestJob good(Prompt("The capital of France is"), 12);
+  ASSERT_EQ(engine.Submit(bad.job).admit, sched::Admit::kQueued);
+  ASSERT_EQ(engine.Submit(good.job).admit, sched::Admit::kQueued);
+  ASSERT_TRUE(bad.Wait());
+  ASSERT_TRUE(good.Wait());
+  ASSERT_FALSE(bad.out->result.ok());
+  EXPECT_NE(bad.out->result.status().message().find("callback failed"), std::string::npos)
+      << bad.out->result.status().message();
+  ASSERT_TRUE(good.out->result.ok()) << good.out->result.status().message();
+  EXPECT_EQ(good.out->tokens, alone.out->tokens);  // unaffected by its failing neighbour
+  WaitIdle(engine);
+  TestJob after(Prompt("The capital of France is"), 12);
+  ASSERT_EQ(engine.Submit(after.job).admit, sched::Admit::kQueued);
+  ASSERT_TRUE(after.Wait());
+  ASSERT_TRUE(after.out->result.ok());
+  EXPECT_EQ(after.out->tokens, alone.out->tokens);
+}
+
+// Shutdown: Drain refuses new requests and waits; AbortAll ends what is left with kUnavailable.
+TEST_F(EngineTest, DrainThenAbortEndsRemainingJobsWithAnError) {
+  Engine engine(*model_, Options(1, 4));
+  TestJob running(Prompt("Count from 1 to 500."), 400);
+  TestJob queued(Prompt("Count from 1 to 500."), 400);
+  ASSERT_EQ(engine.Submit(running.job).admit, sched::Admit::kQueued);
+  ASSERT_EQ(engine.Submit(queued.job).admit, sched::Admit::kQueued);
+  while (running.seen->load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(engine.Drain(std::chrono::milliseconds(50)));  // 400 tokens do not fit in 50 ms
+  EXPECT_EQ(engine.Status().state, EngineState::kDraining);
+  TestJob late(Prompt("hi"), 4);
+  EXPECT_EQ(engine.Submit(late.job).admit, sched::Admit::kOverloaded);
+  engine.AbortAll("shutting down");
+  ASSERT_TRUE(running.Wait());
+  ASSERT_TRUE(queued.Wait());
+  for (TestJob* j : {&running, &queued}) {
+    ASSERT_FALSE(j->out->result.ok());
+    EXPECT_EQ(j->out->result.status().code(), ErrorCode::kUnavailable);
+  }
+  EXPECT_TRUE(engine.Drain(std::chrono::milliseconds(1000)));
+}
+
 }  // namespace
 }  // namespace mr::server
