@@ -16,6 +16,7 @@
 namespace mr::app {
 
 constexpr int kUsageError = 2;  // exit status of every command-line mistake
+constexpr int kVerdictFailed = 3;  // exit status of a qualification that ran and did not pass
 
 class Cli {
  public:

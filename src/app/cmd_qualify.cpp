@@ -293,7 +293,7 @@ int Likelihood(const Args& args) {
       return 1;
     }
   }
-  return pass ? 0 : 3;
+  return pass ? 0 : kVerdictFailed;
 }
 
 }  // namespace

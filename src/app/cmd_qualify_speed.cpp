@@ -423,7 +423,8 @@ int CmdQualifySpeed(const Args& args) {
     f << report.dump(2) << "\n";
     if (!f) { std::fprintf(stderr, "mererun qualify speed: cannot write %s\n", json_out.c_str()); return 1; }
   }
-  return 0;
+  // A FAIL verdict is a failed check, as a test runner reports it: scripts and CI see it.
+  return all_pass ? 0 : kVerdictFailed;
 }
 
 }  // namespace mr::app

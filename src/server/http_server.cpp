@@ -217,27 +217,36 @@ struct HttpServer::Impl {
             p->job->Cancel();
             return false;
           };
-          if (!send(w->Start()) || (pings && !send(AnthropicWriter::Ping()))) return cancel();
-          auto last_write = Clock::now();
-          for (;;) {
-            StreamEvent ev;
-            if (p->channel->Pop(&ev, std::chrono::milliseconds(100))) {
-              const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
-              const std::string s = w->Event(ev);
-              if (!send(s)) return cancel();
-              if (!s.empty()) last_write = Clock::now();
-              if (end) {
-                if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
-                sink.done();
-                return true;
-              }
-            } else {
-              if (PeerClosed(p->fd)) return cancel();
-              if (pings && Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
-                if (!send(AnthropicWriter::Ping())) return cancel();
-                last_write = Clock::now();
+          // cpp-httplib 0.11 calls the provider outside any try block: an exception here would
+          // end the process. A failure ends this stream (and its generation) only.
+          try {
+            if (!send(w->Start()) || (pings && !send(AnthropicWriter::Ping()))) return cancel();
+            auto last_write = Clock::now();
+            for (;;) {
+              StreamEvent ev;
+              if (p->channel->Pop(&ev, std::chrono::milliseconds(100))) {
+                const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
+                const std::string s = w->Event(ev);
+                if (!send(s)) return cancel();
+                if (!s.empty()) last_write = Clock::now();
+                if (end) {
+                  if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
+                  sink.done();
+                  return true;
+                }
+              } else {
+                if (PeerClosed(p->fd)) return cancel();
+                if (pings && Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
+                  if (!send(AnthropicWriter::Ping())) return cancel();
+                  last_write = Clock::now();
+                }
               }
             }
+          } catch (const std::exception& e) {
+            MR_LOGE("http", "stream failed: %s", e.what());
+            count->outcome = Outcome::kError;
+            p->job->Cancel();
+            return false;
           }
         },
         // Also when the provider never ran (the connection failed before the headers went out).
