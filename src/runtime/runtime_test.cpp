@@ -197,6 +197,25 @@ GenerateParams GreedyParams(int64_t max_tokens) {
   return p;
 }
 
+// max_tokens 0 (Anthropic's cache warming): the prompt is evaluated and kept, nothing is
+// sampled or emitted, and a follow-up with the same prompt reuses all of it but the last token.
+TEST_F(GeneratorTest, ZeroMaxTokensEvaluatesThePromptOnly) {
+  const auto prompt = model_->tokenizer().Encode("The three primary colors are", true, false);
+  Generator gen(*model_, 512);
+  int emitted = 0;
+  auto r = gen.Generate(prompt, GreedyParams(0), [&](TokenId) { ++emitted; return true; });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(emitted, 0);
+  EXPECT_EQ(r->generated, 0);
+  EXPECT_EQ(r->stop, StopCause::kMaxTokens);
+  EXPECT_EQ(r->prompt_tokens, static_cast<int64_t>(prompt.size()));
+  std::vector<TokenId> got;
+  auto r2 = gen.Generate(prompt, GreedyParams(8), [&](TokenId t) { got.push_back(t); return true; });
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(got, Greedy(prompt, 8));
+}
+
 TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {
   const auto prompt = model_->tokenizer().Encode("The three primary colors are", true, false);
   const auto want = Greedy(prompt, 24);

@@ -211,6 +211,11 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
         t_decode_ = Clock::now();
         stats_.prefill_s = std::chrono::duration<double>(t_decode_ - t_start_).count();
       }
+      if (budget_left() <= 0) {  // max_tokens 0: the prompt is evaluated (and cached), nothing sampled
+        have_pending_ = false;
+        Finish(StopCause::kMaxTokens);
+        return Status::Ok();
+      }
       run_.push_back(sampler_.Sample(logits, n_vocab, rng_));
       Emit(kv_.n_past, on_token);
       return Status::Ok();

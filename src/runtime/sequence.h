@@ -54,7 +54,7 @@ struct GenerateParams {
   SamplingParams sampling;
   uint64_t seed = 0;
   bool seeded = false;      // false: a fresh random seed per request
-  int64_t max_tokens = 256;  // generated + injected tokens
+  int64_t max_tokens = 256;  // generated + injected tokens; 0: evaluate (and cache) the prompt only
   int64_t prefill_chunk = 256;  // rows per Forward during prefill (cancellation point)
   SpecParams spec;              // speculative decoding; off unless spec.drafter is set
 };

@@ -256,7 +256,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   int64_t max_tokens = -1;
   if (body.contains("max_tokens")) {
     const Json& mt = body["max_tokens"];
-    if (!mt.is_number_integer() || mt.get<int64_t>() < 1) return InvalidRequest("max_tokens: expected an integer >= 1");
+    // 0 warms the cache: the prompt is evaluated and cached, the answer has no content.
+    if (!mt.is_number_integer() || mt.get<int64_t>() < 0) return InvalidRequest("max_tokens: expected an integer >= 0");
     max_tokens = mt.get<int64_t>();
   } else if (!count_only) {
     return InvalidRequest("max_tokens: field required");

@@ -87,6 +87,21 @@ def test_streaming_matches_non_streaming(client):
     assert prompt(final.usage) == prompt(plain.usage)
 
 
+def test_max_tokens_zero_warms_the_cache(client):
+    """max_tokens 0: the prompt is evaluated and cached under its breakpoint, the answer has no
+    content; the same prompt then reads it from the cache."""
+    system = [{"type": "text", "text": "You are a terse assistant who answers about geography. " * 8,
+               "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": "Which river flows through Cairo?"}]
+    warm = client.messages.create(model="m", max_tokens=0, system=system, messages=messages, extra_body=GREEDY)
+    assert warm.content == [] and warm.stop_reason == "max_tokens"
+    assert warm.usage.output_tokens == 0
+    assert warm.usage.cache_creation_input_tokens > 50, warm.usage
+    hot = client.messages.create(model="m", max_tokens=8, system=system, messages=messages, extra_body=GREEDY)
+    assert hot.usage.cache_read_input_tokens >= warm.usage.cache_creation_input_tokens, (warm.usage, hot.usage)
+    assert hot.content and hot.usage.output_tokens > 0
+
+
 def test_raw_sse_event_sequence(server):
     r = requests.post(server.base_url + "/v1/messages?beta=true", headers=headers(), stream=True, timeout=60,
                       json={"model": "m", "max_tokens": 5, "temperature": 0, "stream": True,
