@@ -501,6 +501,11 @@ std::string AnthropicWriter::CloseBlock() {
 std::string AnthropicWriter::Event(const StreamEvent& ev) {
   std::string out;
   switch (ev.kind) {
+    case StreamEvent::Kind::kStarted:  // counts for message_start (written by Start() after this)
+      cache_read_tokens_ = ev.cache_read_tokens;
+      cache_creation_5m_tokens_ = ev.cache_creation_5m_tokens;
+      cache_creation_1h_tokens_ = ev.cache_creation_1h_tokens;
+      break;
     case StreamEvent::Kind::kText: {
       if (ev.text.empty()) break;
       if (open_ != Block::kText) out += OpenBlock(Block::kText, {{"type", "text"}, {"text", ""}});

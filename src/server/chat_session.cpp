@@ -300,6 +300,15 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   job->on_token = [session](TokenId id) { return session->OnToken(id); };
   job->continuation = [session] { return session->Continuation(); };
   job->on_done = [session](const Result<JobResult>& r) { session->Done(r); };
+  job->on_start = [session](const JobResult& r) {
+    StreamEvent ev;
+    ev.kind = StreamEvent::Kind::kStarted;
+    ev.input_tokens = r.prompt_tokens;
+    ev.cache_read_tokens = r.cache_read_tokens;
+    ev.cache_creation_5m_tokens = r.cache_creation_5m_tokens;
+    ev.cache_creation_1h_tokens = r.cache_creation_1h_tokens;
+    session->channel->Push(std::move(ev));
+  };
   const SubmitResult sr = sm.engine->Submit(job);
   if (sr.admit == sched::Admit::kQueueFull)
     return ApiError{ApiErrorType::kRateLimit, "too many queued requests; retry later", sr.retry_after_s};

@@ -98,11 +98,13 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
 enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancelled };
 
 struct StreamEvent {
-  enum class Kind { kText, kReasoning, kToolCall, kDone, kError };
+  // kStarted: the request got its sequence slot; the prompt and cache counts below are final
+  // (Anthropic's message_start waits for it, so its usage is the real one).
+  enum class Kind { kStarted, kText, kReasoning, kToolCall, kDone, kError };
   Kind kind = Kind::kText;
   std::string text;
   ChatToolCall call;
-  // kDone:
+  // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;
   std::string stop_sequence;
   int64_t input_tokens = 0;  // the whole prompt

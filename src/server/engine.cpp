@@ -95,6 +95,8 @@ struct Engine::Impl {
   // Ends the slot's job: reports the outcome, frees the slot (and its KV memory when `release`).
   void Finish(Slot& s, const mr::Status& error, bool release);
   bool OnToken(Slot& s, TokenId t);
+  // The prompt and prompt-caching counts of a job whose prompt has `reused_tokens` cached.
+  static JobResult CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens);
   void Publish();  // refresh the gauges Status() reads
   // Prefill rows per step that take about kPrefillStepS at `tps` rows/s, within
   // [64, --prefill-chunk]: a step ends (and a cancelled sequence is released) well under 1 s on
@@ -302,8 +304,30 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   s->got_token = false;
   mr::Status st = s->seq.Start(s->job->prompt, s->job->params, cache.get());
   if (!st.ok()) return Finish(*s, st, false);
-  std::lock_guard<std::mutex> lock(mu);
-  sched.Prefilled(id, s->seq.stats().reused_tokens);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched.Prefilled(id, s->seq.stats().reused_tokens);
+  }
+  if (s->job->on_start) s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
+}
+
+JobResult Engine::Impl::CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens) {
+  JobResult r;
+  r.prompt_tokens = prompt_tokens;
+  r.reused_tokens = reused_tokens;
+  // Prompt caching usage: what was read, and what this request computes and stores up to its
+  // last breakpoint (the part up to the last 1h breakpoint under 1h); the rest is plain input.
+  r.cache_read_tokens = reused_tokens;
+  int64_t last = 0, last_1h = 0;
+  for (const CacheBreakpoint& b : job.cache_breakpoints) {
+    const int64_t end = std::clamp<int64_t>(b.end, 0, prompt_tokens);
+    last = std::max(last, end);
+    if (b.one_hour) last_1h = std::max(last_1h, end);
+  }
+  const int64_t created = std::max<int64_t>(0, last - r.cache_read_tokens);
+  r.cache_creation_1h_tokens = std::max<int64_t>(0, last_1h - r.cache_read_tokens);
+  r.cache_creation_5m_tokens = created - r.cache_creation_1h_tokens;
+  return r;
 }
 
 bool Engine::Impl::OnToken(Slot& s, TokenId t) {
@@ -345,21 +369,7 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
     job->on_done(error);
     return;
   }
-  JobResult r;
-  r.prompt_tokens = st.prompt_tokens;
-  r.reused_tokens = st.reused_tokens;
-  // Prompt caching usage: what was read, and what this request computed and stored up to its
-  // last breakpoint (the part up to the last 1h breakpoint under 1h); the rest is plain input.
-  r.cache_read_tokens = st.reused_tokens;
-  int64_t last = 0, last_1h = 0;
-  for (const CacheBreakpoint& b : job->cache_breakpoints) {
-    const int64_t end = std::clamp<int64_t>(b.end, 0, st.prompt_tokens);
-    last = std::max(last, end);
-    if (b.one_hour) last_1h = std::max(last_1h, end);
-  }
-  const int64_t created = std::max<int64_t>(0, last - r.cache_read_tokens);
-  r.cache_creation_1h_tokens = std::max<int64_t>(0, last_1h - r.cache_read_tokens);
-  r.cache_creation_5m_tokens = created - r.cache_creation_1h_tokens;
+  JobResult r = CacheUsage(*job, st.prompt_tokens, st.reused_tokens);
   r.output_tokens = st.generated + st.injected;
   r.stop = cancelled ? StopCause::kCancelled : st.stop;
   r.prefill_s = st.prefill_s;

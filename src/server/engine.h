@@ -65,6 +65,10 @@ struct EngineJob {
   // (prompt + generated) before generating on, e.g. "</think>" when a reasoning budget is
   // spent. Empty (or no function): the job ends.
   std::function<std::vector<TokenId>()> continuation;
+  // Engine thread, at most once, when the job gets its slot (before its prefill): the prompt
+  // and cache counts of JobResult are final from here on (the rest is not filled yet).
+  // Optional.
+  std::function<void(const JobResult&)> on_start;
   // Engine thread, exactly once: the outcome (also when cancelled while queued).
   std::function<void(const Result<JobResult>&)> on_done;
   std::atomic<bool> cancelled{false};

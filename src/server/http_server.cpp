@@ -204,6 +204,9 @@ struct HttpServer::Impl {
   }
 
   // Streaming: SSE from the channel, with pings; false (and cancel) when the client left.
+  // `pings` (Anthropic): the stream opens with message_start once the engine has started the
+  // request (its usage then has the real cache counts), with pings while it is queued (the
+  // official SDKs skip pings wherever they come); otherwise the writer's start goes out at once.
   template <typename Writer>
   void Stream(httplib::Response& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings,
               std::shared_ptr<RequestCount> count) {
@@ -220,11 +223,21 @@ struct HttpServer::Impl {
           // cpp-httplib 0.11 calls the provider outside any try block: an exception here would
           // end the process. A failure ends this stream (and its generation) only.
           try {
-            if (!send(w->Start()) || (pings && !send(AnthropicWriter::Ping()))) return cancel();
+            bool started = !pings;
+            if (started && !send(w->Start())) return cancel();
             auto last_write = Clock::now();
             for (;;) {
               StreamEvent ev;
               if (p->channel->Pop(&ev, std::chrono::milliseconds(100))) {
+                if (!started) {
+                  // kStarted carries the counts; an end before it (cancelled or refused while
+                  // queued) still opens the message first.
+                  if (ev.kind == StreamEvent::Kind::kStarted) w->Event(ev);
+                  if (!send(w->Start()) || !send(AnthropicWriter::Ping())) return cancel();
+                  started = true;
+                  last_write = Clock::now();
+                  if (ev.kind == StreamEvent::Kind::kStarted) continue;
+                }
                 const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
                 const std::string s = w->Event(ev);
                 if (!send(s)) return cancel();

@@ -235,6 +235,9 @@ std::string OpenAIWriter::Start() { return Chunk({{"role", "assistant"}, {"conte
 
 std::string OpenAIWriter::Event(const StreamEvent& ev) {
   switch (ev.kind) {
+    case StreamEvent::Kind::kStarted:
+      cached_tokens_ = ev.cache_read_tokens;
+      return "";
     case StreamEvent::Kind::kText:
       content_ += ev.text;
       return ev.text.empty() ? "" : Chunk({{"content", ev.text}}, nullptr);

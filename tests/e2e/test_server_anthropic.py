@@ -102,6 +102,25 @@ def test_max_tokens_zero_warms_the_cache(client):
     assert hot.content and hot.usage.output_tokens > 0
 
 
+def test_stream_message_start_carries_the_cache_counts(server, client):
+    """message_start's usage already has the request's cache counts (the official SDKs keep
+    message_start's values), the same as message_delta's."""
+    system = [{"type": "text", "text": "You answer questions about the history of mathematics. " * 8,
+               "cache_control": {"type": "ephemeral"}}]
+    body = {"model": "m", "max_tokens": 6, "temperature": 0, "system": system,
+            "messages": [{"role": "user", "content": "Who proved Fermat's last theorem?"}]}
+    client.messages.create(**{k: v for k, v in body.items() if k != "temperature"}, extra_body=GREEDY)  # warm
+    r = requests.post(server.base_url + "/v1/messages", headers=headers(), stream=True, timeout=60,
+                      json={**body, "stream": True})
+    assert r.status_code == 200
+    ev = sse_events(r)
+    start = next(d for n, d in ev if n == "message_start")["message"]["usage"]
+    delta = next(d for n, d in ev if n == "message_delta")["usage"]
+    assert start["cache_read_input_tokens"] > 50, start
+    for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        assert start[k] == delta[k], (k, start, delta)
+
+
 def test_raw_sse_event_sequence(server):
     r = requests.post(server.base_url + "/v1/messages?beta=true", headers=headers(), stream=True, timeout=60,
                       json={"model": "m", "max_tokens": 5, "temperature": 0, "stream": True,
