@@ -12,6 +12,15 @@ ModelArgs ParseModelArgs(CliArgs& cli) {
   a.model = cli.Get("-m", "--model");
   a.threads = std::atoi(cli.Get("-t", "--threads", "0").c_str());
   a.ref = cli.Flag("--ref");
+  const std::string w = cli.Get("", "--weights");
+  if (w == "q8g64") {
+    a.weights = WeightMode::kQ8G64;
+  } else if (w == "native") {
+    a.weights = WeightMode::kNative;
+  } else if (!w.empty()) {
+    std::fprintf(stderr, "mererun: --weights must be native or q8g64, got '%s'; using %s\n", w.c_str(),
+                 WeightModeName(a.weights));
+  }
   return a;
 }
 
@@ -37,6 +46,7 @@ std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
   LoadOptions opts;
   opts.n_threads = a.threads;
   opts.ref_path = a.ref;
+  opts.weights = a.weights;
   auto m = Model::Load(path, opts);
   if (!m.ok()) {
     std::fprintf(stderr, "mererun %s: %s\n", cmd, m.status().message().c_str());
