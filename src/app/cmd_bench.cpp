@@ -224,15 +224,20 @@ json MeasureMachine(const Options& o) {
   const KernelTable& k = GetKernels(SelectedCpuVariant());
   machine["matmul"] = {{"cpu_variant", CpuVariantName(k.variant)}, {"points", json::array()}};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{8960, 1536}, {1536, 8960}};
-  for (const auto& [rows, cols] : shapes) {
-    for (int t : o.threads) {
-      std::fprintf(stderr, "[bench] matmul %lldx%lld, %d thread(s)\n", (long long)rows, (long long)cols, t);
-      for (const MatmulPoint& p : MeasureMatmul(k, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
-        const double bw = BandwidthFor(machine, t);
-        machine["matmul"]["points"].push_back({{"rows", p.rows}, {"cols", p.cols}, {"act_rows", p.n_act_rows},
-                                               {"threads", p.n_threads}, {"iters", p.iters}, {"ms", p.ms_median},
-                                               {"gbps", p.gbps_median}, {"gbps_cpu", p.gbps_cpu_median}, {"gops", p.gops_median},
-                                               {"pct_of_mem_bandwidth", bw > 0 ? 100.0 * p.gbps_median / bw : 0.0}});
+  for (WeightFormat f : {WeightFormat::kQ8G64, WeightFormat::kQ4K, WeightFormat::kQ6K}) {
+    for (const auto& [rows, cols] : shapes) {
+      for (int t : o.threads) {
+        std::fprintf(stderr, "[bench] matmul %s %lldx%lld, %d thread(s)\n", WeightFormatName(f), (long long)rows,
+                     (long long)cols, t);
+        for (const MatmulPoint& p : MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
+          const double bw = BandwidthFor(machine, t);
+          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth)\n", p.n_act_rows, p.gbps_median,
+                       bw > 0 ? 100.0 * p.gbps_median / bw : 0.0);
+          machine["matmul"]["points"].push_back({{"format", p.format}, {"rows", p.rows}, {"cols", p.cols}, {"act_rows", p.n_act_rows},
+                                                 {"threads", p.n_threads}, {"iters", p.iters}, {"ms", p.ms_median},
+                                                 {"gbps", p.gbps_median}, {"gbps_cpu", p.gbps_cpu_median}, {"gops", p.gops_median},
+                                                 {"pct_of_mem_bandwidth", bw > 0 ? 100.0 * p.gbps_median / bw : 0.0}});
+        }
       }
     }
   }

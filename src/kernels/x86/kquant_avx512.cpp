@@ -22,7 +22,9 @@
 
 namespace {
 
-constexpr int kPass = 4;  // activation rows per pass over a super-block (register budget)
+// Activation rows per pass over a super-block: up to 8 (16 int32 accumulators of Q4_K or Q6_K
+// plus the unpacked weights fit the 32 zmm registers), so verify steps unpack each weight once.
+constexpr int kPass = 8;
 
 inline __m512i Bcast4(const void* p) { return _mm512_set1_epi32(Load4(p)); }
 
@@ -69,14 +71,14 @@ inline void Q4KPass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, in
       const __m512i v = _mm512_loadu_si512(q + 64 * c);
       const __m512i lo = _mm512_and_si512(v, m0f);
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
         ilo[r] = _mm512_dpbusd_epi32(ilo[r], lo, Bcast4(x));
         ihi[r] = _mm512_dpbusd_epi32(ihi[r], hi, Bcast4(x + 32));
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const float* xs = a.Xs(r0 + r);
       if constexpr (kActGroup == 64) {
@@ -104,12 +106,14 @@ struct Q4KTile {
       const uint8_t* blk = w.block(t, s);
       PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ4K));
       DecodeQ4K(blk, &m);
-      for (int r0 = 0; r0 < nr; r0 += kPass) {
-        switch (nr - r0 < kPass ? nr - r0 : kPass) {
-          case 1: Q4KPass<1>(blk, m, a, s, r0, acc + r0); break;
-          case 2: Q4KPass<2>(blk, m, a, s, r0, acc + r0); break;
-          case 3: Q4KPass<3>(blk, m, a, s, r0, acc + r0); break;
-          default: Q4KPass<4>(blk, m, a, s, r0, acc + r0); break;
+      for (int r0 = 0; r0 < nr;) {
+        const int left = nr - r0;
+        switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
+          case 1: Q4KPass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
+          case 2: Q4KPass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
+          case 3: Q4KPass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
+          case 4: Q4KPass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
+          default: Q4KPass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
         }
       }
     }
@@ -163,7 +167,7 @@ inline void Q6KPass(const uint8_t* blk, const Q6KScales& m, const ActRows& a, in
       q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(va, 4), m0f), _mm512_and_si512(vh, m30));
       q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(vb, 4), m0f), _mm512_and_si512(_mm512_srli_epi16(vh, 2), m30));
       const int sub = 8 * n + c / 4;  // sub-block (16 inputs) of q[0]; q[mm] is sub + 2 mm
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
 #pragma GCC unroll 4
@@ -173,7 +177,7 @@ inline void Q6KPass(const uint8_t* blk, const Q6KScales& m, const ActRows& a, in
         }
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       // Offset: 32 * sum over the sub-blocks of sc * sum(x); q[mm] spans sub-blocks 8n + 2mm, +1.
       const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
@@ -201,12 +205,14 @@ struct Q6KTile {
       const uint8_t* blk = w.block(t, s);
       PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ6K));
       DecodeQ6K(blk, &m);
-      for (int r0 = 0; r0 < nr; r0 += kPass) {
-        switch (nr - r0 < kPass ? nr - r0 : kPass) {
-          case 1: Q6KPass<1>(blk, m, a, s, r0, acc + r0); break;
-          case 2: Q6KPass<2>(blk, m, a, s, r0, acc + r0); break;
-          case 3: Q6KPass<3>(blk, m, a, s, r0, acc + r0); break;
-          default: Q6KPass<4>(blk, m, a, s, r0, acc + r0); break;
+      for (int r0 = 0; r0 < nr;) {
+        const int left = nr - r0;
+        switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
+          case 1: Q6KPass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
+          case 2: Q6KPass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
+          case 3: Q6KPass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
+          case 4: Q6KPass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
+          default: Q6KPass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
         }
       }
     }
