@@ -16,17 +16,6 @@ inline float LoadF16(const uint8_t* p) {
   return F16ToF32(h);
 }
 
-// 6-bit scale and min of sub-block j of a Q4_K block's 12 scale bytes (ggml get_scale_min_k4).
-inline void ScaleMinK4(int j, const uint8_t* q, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // One ggml block_q4_K / block_q6_K in file order -> 256 floats; same operation order as
 // model/dequant.cpp (ggml-quants.c), so results are bit-identical to the reference path.
 void DequantQ4KBlock(const uint8_t* x, float* y) {
@@ -34,11 +23,11 @@ void DequantQ4KBlock(const uint8_t* x, float* y) {
   const uint8_t* scales = x + 4;
   const uint8_t* q = x + 16;
   for (int is = 0; is < 8; is += 2, q += 32) {
-    int sc, m;
-    ScaleMinK4(is, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    ScaleMinK4(is + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    uint8_t sc, m;
+    KScaleMin(is, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    KScaleMin(is + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
     for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
   }
@@ -166,10 +155,16 @@ void DequantizeKRow(const KMatrix& m, int64_t o, float* dst) {
   uint8_t buf[kQ6KSuperBytes];
   for (int64_t s = 0; s < m.supers(); ++s) {
     GatherBlock(m, o, s, buf);
-    if (m.format == KFormat::kQ4K) {
-      DequantQ4KBlock(buf, dst + s * kKSuper);
+    DequantizeKBlocks(m.format, buf, dst + s * kKSuper, 1);
+  }
+}
+
+void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += KSuperBytes(f), y += kKSuper) {
+    if (f == KFormat::kQ4K) {
+      DequantQ4KBlock(x, y);
     } else {
-      DequantQ6KBlock(buf, dst + s * kKSuper);
+      DequantQ6KBlock(x, y);
     }
   }
 }

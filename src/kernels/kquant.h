@@ -73,5 +73,22 @@ Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* d
 std::vector<uint8_t> UnpackK(const KMatrix& m);
 // Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K / _q6_K).
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
+// nb consecutive ggml blocks in file order -> nb * 256 floats, bit-identical to ggml-quants.c
+// (the GGUF reader, model/dequant.cpp, uses these too).
+void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb);
+
+// 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a Q4_K / Q5_K
+// block (ggml get_scale_min_k4): sub-blocks 0..3 keep their 6 bits in the low bits of bytes j
+// and j+4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j+4 and their top 2 bits
+// in the top bits of bytes j-4 (scale) and j (min).
+inline void KScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 }  // namespace mr

@@ -91,32 +91,13 @@ inline void Q4KPass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& 
   }
 }
 
-struct Q4KTile {
-  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
-    __m256 acc[2][kKRows];
-    for (int h = 0; h < 2; ++h) {
-      for (int r = 0; r < nr; ++r) acc[h][r] = _mm256_setzero_ps();
-    }
-    Q4KHalf m;
-    for (int64_t s = 0; s < w.supers(); ++s) {
-      const uint8_t* blk = w.block(t, s);
-      PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ4K));
-      for (int h = 0; h < 2; ++h) {
-        DecodeQ4KHalf(blk, h, &m);
-        for (int r0 = 0; r0 < nr; r0 += kPass) {
-          switch (nr - r0 < kPass ? nr - r0 : kPass) {
-            case 1: Q4KPass<1>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 2: Q4KPass<2>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 3: Q4KPass<3>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            default: Q4KPass<4>(blk, h, m, a, s, r0, acc[h] + r0); break;
-          }
-        }
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      _mm256_store_ps(out[r], acc[0][r]);
-      _mm256_store_ps(out[r] + 8, acc[1][r]);
-    }
+struct Q4K {
+  static constexpr KFormat kFormat = KFormat::kQ4K;
+  using Scales = Q4KHalf;
+  static void Decode(const uint8_t* blk, int h, Scales* m) { DecodeQ4KHalf(blk, h, m); }
+  template <int R>
+  static void Pass(const uint8_t* blk, int h, const Scales& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    Q4KPass<R>(blk, h, m, a, s, r0, acc);
   }
 };
 
@@ -192,24 +173,37 @@ inline void Q6KPass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& 
   }
 }
 
-struct Q6KTile {
+struct Q6K {
+  static constexpr KFormat kFormat = KFormat::kQ6K;
+  using Scales = Q6KHalf;
+  static void Decode(const uint8_t* blk, int h, Scales* m) { DecodeQ6KHalf(blk, h, m); }
+  template <int R>
+  static void Pass(const uint8_t* blk, int h, const Scales& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    Q6KPass<R>(blk, h, m, a, s, r0, acc);
+  }
+};
+
+// The tile kernel of format F (Q4K, Q6K): per super-block and half tile, F's scales are decoded
+// once, then the rows run in passes of up to kPass against the block while it is in L1.
+template <class F>
+struct KTile {
   static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
     __m256 acc[2][kKRows];
     for (int h = 0; h < 2; ++h) {
       for (int r = 0; r < nr; ++r) acc[h][r] = _mm256_setzero_ps();
     }
-    Q6KHalf m;
+    typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
       const uint8_t* blk = w.block(t, s);
-      PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ6K));
+      PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
       for (int h = 0; h < 2; ++h) {
-        DecodeQ6KHalf(blk, h, &m);
+        F::Decode(blk, h, &m);
         for (int r0 = 0; r0 < nr; r0 += kPass) {
           switch (nr - r0 < kPass ? nr - r0 : kPass) {
-            case 1: Q6KPass<1>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 2: Q6KPass<2>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 3: Q6KPass<3>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            default: Q6KPass<4>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 1: F::template Pass<1>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 2: F::template Pass<2>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 3: F::template Pass<3>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            default: F::template Pass<4>(blk, h, m, a, s, r0, acc[h] + r0); break;
           }
         }
       }
@@ -226,18 +220,18 @@ struct Q6KTile {
 namespace mr::x86 {
 
 void MatmulQ4KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKTiles<Q4KTile>(w, x, n_rows, y, ldy, t_begin, t_end);
+  MatmulKTiles<KTile<Q4K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ4KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                       int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<Q4KTile>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+  MatmulKGluTiles<KTile<Q4K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKTiles<Q6KTile>(w, x, n_rows, y, ldy, t_begin, t_end);
+  MatmulKTiles<KTile<Q6K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ6KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                       int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<Q6KTile>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+  MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 
 }  // namespace mr::x86

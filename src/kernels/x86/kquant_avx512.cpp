@@ -97,27 +97,13 @@ inline void Q4KPass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, in
   }
 }
 
-struct Q4KTile {
-  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
-    __m512 acc[kKRows];
-    for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
-    Q4KScales m;
-    for (int64_t s = 0; s < w.supers(); ++s) {
-      const uint8_t* blk = w.block(t, s);
-      PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ4K));
-      DecodeQ4K(blk, &m);
-      for (int r0 = 0; r0 < nr;) {
-        const int left = nr - r0;
-        switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
-          case 1: Q4KPass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
-          case 2: Q4KPass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
-          case 3: Q4KPass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
-          case 4: Q4KPass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
-          default: Q4KPass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
-        }
-      }
-    }
-    for (int r = 0; r < nr; ++r) _mm512_store_ps(out[r], acc[r]);
+struct Q4K {
+  static constexpr KFormat kFormat = KFormat::kQ4K;
+  using Scales = Q4KScales;
+  static void Decode(const uint8_t* blk, Scales* m) { DecodeQ4K(blk, m); }
+  template <int R>
+  static void Pass(const uint8_t* blk, const Scales& m, const ActRows& a, int64_t s, int r0, __m512* acc) {
+    Q4KPass<R>(blk, m, a, s, r0, acc);
   }
 };
 
@@ -196,23 +182,36 @@ inline void Q6KPass(const uint8_t* blk, const Q6KScales& m, const ActRows& a, in
   }
 }
 
-struct Q6KTile {
+struct Q6K {
+  static constexpr KFormat kFormat = KFormat::kQ6K;
+  using Scales = Q6KScales;
+  static void Decode(const uint8_t* blk, Scales* m) { DecodeQ6K(blk, m); }
+  template <int R>
+  static void Pass(const uint8_t* blk, const Scales& m, const ActRows& a, int64_t s, int r0, __m512* acc) {
+    Q6KPass<R>(blk, m, a, s, r0, acc);
+  }
+};
+
+// The tile kernel of format F (Q4K, Q6K): per super-block, F's scales are decoded once, then
+// the rows run in passes of up to kPass against the block while it is in L1.
+template <class F>
+struct KTile {
   static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
     __m512 acc[kKRows];
     for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
-    Q6KScales m;
+    typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
       const uint8_t* blk = w.block(t, s);
-      PrefetchAhead(blk, mr::KBlockBytes(KFormat::kQ6K));
-      DecodeQ6K(blk, &m);
+      PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
+      F::Decode(blk, &m);
       for (int r0 = 0; r0 < nr;) {
         const int left = nr - r0;
         switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
-          case 1: Q6KPass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
-          case 2: Q6KPass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
-          case 3: Q6KPass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
-          case 4: Q6KPass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
-          default: Q6KPass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
+          case 1: F::template Pass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
+          case 2: F::template Pass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
+          case 3: F::template Pass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
+          case 4: F::template Pass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
+          default: F::template Pass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
         }
       }
     }
@@ -226,19 +225,19 @@ namespace mr::x86 {
 
 void MatmulQ4KAvx512(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
                      int64_t t_end) {
-  MatmulKTiles<Q4KTile>(w, x, n_rows, y, ldy, t_begin, t_end);
+  MatmulKTiles<KTile<Q4K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ4KGluAvx512(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                         int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<Q4KTile>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+  MatmulKGluTiles<KTile<Q4K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 void MatmulQ6KAvx512(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
                      int64_t t_end) {
-  MatmulKTiles<Q6KTile>(w, x, n_rows, y, ldy, t_begin, t_end);
+  MatmulKTiles<KTile<Q6K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ6KGluAvx512(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                         int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<Q6KTile>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+  MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 
 }  // namespace mr::x86

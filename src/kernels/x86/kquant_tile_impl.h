@@ -76,46 +76,45 @@ inline int64_t KChunkTiles(const KMatrix& w, int64_t n_mats) {
   return c < 1 ? 1 : c;
 }
 
-template <class Tile>
-void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
-  const int64_t chunk = n_rows <= kKRows ? t_end - t_begin : KChunkTiles(w, 1);
-  alignas(64) float out[kKRows][kKTile];
+// Calls visit(t, a, r0, nr) for every tile of [t_begin, t_end) and group of up to kKRows rows
+// (a = rows r0.. of x): one streaming pass for <= kKRows rows, L2 chunks of tiles beyond.
+template <class Visit>
+void ForEachTileRows(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_t t_begin, int64_t t_end, Visit visit) {
+  const int64_t chunk = n_rows <= kKRows ? t_end - t_begin : chunk_tiles;
   for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk) {
     const int64_t c1 = c0 + chunk < t_end ? c0 + chunk : t_end;
     for (int64_t r0 = 0; r0 < n_rows; r0 += kKRows) {
       const int nr = static_cast<int>(n_rows - r0 < kKRows ? n_rows - r0 : kKRows);
       const ActRows a = RowsOf(x, r0);
-      for (int64_t t = c0; t < c1; ++t) {
-        Tile::Run(w, t, a, nr, out);
-        for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
-      }
+      for (int64_t t = c0; t < c1; ++t) visit(t, a, r0, nr);
     }
   }
 }
 
 template <class Tile>
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  alignas(64) float out[kKRows][kKTile];
+  ForEachTileRows(x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
+    Tile::Run(w, t, a, nr, out);
+    for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
+  });
+}
+
+template <class Tile>
 void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, mr::GluAct act, float* y,
                      int64_t ldy, int64_t t_begin, int64_t t_end) {
-  const int64_t chunk = n_rows <= kKRows ? t_end - t_begin : KChunkTiles(gate, 2);
   alignas(64) float og[kKRows][kKTile];
   alignas(64) float ou[kKRows][kKTile];
-  for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk) {
-    const int64_t c1 = c0 + chunk < t_end ? c0 + chunk : t_end;
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kKRows) {
-      const int nr = static_cast<int>(n_rows - r0 < kKRows ? n_rows - r0 : kKRows);
-      const ActRows a = RowsOf(x, r0);
-      for (int64_t t = c0; t < c1; ++t) {
-        Tile::Run(gate, t, a, nr, og);
-        Tile::Run(up, t, a, nr, ou);
-        for (int r = 0; r < nr; ++r) {
-          for (int h = 0; h < kKTile; h += 8) {
-            _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
-          }
-          StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
-        }
+  ForEachTileRows(x, n_rows, KChunkTiles(gate, 2), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
+    Tile::Run(gate, t, a, nr, og);
+    Tile::Run(up, t, a, nr, ou);
+    for (int r = 0; r < nr; ++r) {
+      for (int h = 0; h < kKTile; h += 8) {
+        _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
       }
+      StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
     }
-  }
+  });
 }
 
 }  // namespace
