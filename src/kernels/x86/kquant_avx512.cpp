@@ -7,7 +7,8 @@
 // Q4_K: the nibbles are u8 already: vpdpbusd (u8 weights x s8 activations broadcast, 4 products
 // per lane) accumulates one int32 per (row, output, 32-input sub-block); per sub-block the sum
 // is scaled in FP32 by d * sc (per output) and the activation group scale, and the minimum term
-// dmin * m * sum(x) uses the activation sums (QActs::sums32). Exact integer part: |q x| <= 15 * 127.
+// dmin * m * sum(x) uses the activation sums (QActs::sums32). High nibbles stay in place (16 q;
+// the 1/16 goes into the scale). Exact integer part: |sum| <= 32 * 240 * 127 < 2^31.
 // Q6_K: the 6-bit quants (ql nibble | qh bits << 4) are u8 in [0, 63]; vpmaddubsw gives pairs of
 // products (<= 2 * 63 * 127, no saturation), vpdpwssd multiplies them by the int8 sub-block scale
 // and accumulates in int32; ggml's -32 offset is subtracted once per sub-block pair as
@@ -52,7 +53,9 @@ inline void DecodeQ4K(const uint8_t* blk, Q4KScales* m) {
       sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
       mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
     }
-    m->dsc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+    // Odd sub-blocks are the high nibbles, which the kernel multiplies in place (16 q): 1/16 here.
+    const __m512 dj = (j & 1) ? _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16)) : d;
+    m->dsc[j] = _mm512_mul_ps(dj, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
     m->dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
   }
 }
@@ -60,7 +63,7 @@ inline void DecodeQ4K(const uint8_t* blk, Q4KScales* m) {
 // acc[r] += rows r0..r0+R-1 of a . super-block s of the tile (blk).
 template <int R>
 inline void Q4KPass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s, int r0, __m512* acc) {
-  const __m512i m0f = _mm512_set1_epi8(0x0F);
+  const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
   for (int k = 0; k < 4; ++k) {  // activation group of 64: sub-blocks 2k (low nibbles), 2k+1 (high)
     const uint8_t* q = blk + 256 + 512 * k;
     const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
@@ -70,7 +73,9 @@ inline void Q4KPass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, in
     for (int c = 0; c < 8; ++c) {
       const __m512i v = _mm512_loadu_si512(q + 64 * c);
       const __m512i lo = _mm512_and_si512(v, m0f);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+      // High nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32 without
+      // saturation, and the 1/16 is folded into the scale, so no shift is needed.
+      const __m512i hi = _mm512_and_si512(v, mf0);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;

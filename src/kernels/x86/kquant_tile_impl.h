@@ -34,7 +34,14 @@ using mr::QActs;
 
 constexpr int kKRows = 8;                       // activation rows per tile visit
 constexpr int64_t kKChunkBytes = 96 * 1024;     // weight bytes per L2-resident chunk of tiles
-constexpr int64_t kKPrefetchBytes = 4096;       // software prefetch distance in the weight stream
+// Software prefetch distance in the weight stream (0: none, the default). A burst of prefetches
+// per super-block 4 KiB ahead cost ~20% more CPU per decode token on Qwen2.5-Coder-1.5B (Zen 4,
+// mererun_kbench: 96-98 vs 76-79 ms CPU/token): it fills the miss buffers that the hardware
+// prefetcher, which follows this purely sequential stream well, would use anyway.
+#ifndef MR_KPREFETCH
+#define MR_KPREFETCH 0
+#endif
+constexpr int64_t kKPrefetchBytes = MR_KPREFETCH;
 
 // Rows of quantized activations as the tile kernels read them (row r at q + r * cols, ...).
 struct ActRows {
@@ -62,6 +69,7 @@ inline int32_t Load4(const void* p) {
 
 // Prefetches the 64-byte lines of [p, p + n) kKPrefetchBytes ahead.
 inline void PrefetchAhead(const uint8_t* p, int64_t n) {
+  if (kKPrefetchBytes == 0) return;
   for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kKPrefetchBytes + i), _MM_HINT_T0);
 }
 
