@@ -32,72 +32,67 @@ struct Q4KHalf {
 };
 
 // Scales of rows 8h..8h+7 of a Q4_K tile block (ggml get_scale_min_k4 on 8 rows at a time).
-inline void DecodeQ4KHalf(const uint8_t* blk, int h, Q4KHalf* m) {
-  m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
-  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
-  __m128i p[12];
-  for (int j = 0; j < 12; ++j) p[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * h));
-  const __m128i m63 = _mm_set1_epi8(63), m0f = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
-  for (int j = 0; j < 8; ++j) {
-    __m128i sc, mn;
-    if (j < 4) {
-      sc = _mm_and_si128(p[j], m63);
-      mn = _mm_and_si128(p[j + 4], m63);
-    } else {
-      sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
-      mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
-    }
-    const __m256i s32 = _mm256_cvtepu8_epi32(sc);
-    m->scp[j] = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
-    m->dmm[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
-  }
-}
-
-template <int R>
-inline void Q4KPass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
-  const __m256i m0f = _mm256_set1_epi8(0x0F);
-  for (int k = 0; k < 4; ++k) {
-    const uint8_t* q = blk + 256 + 512 * k + 32 * h;
-    const int64_t i0 = s * kKSuper + 64 * k;
-    __m256i slo[R], shi[R];  // int16 sums per sub-block
-    for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
-      const __m256i lo = _mm256_and_si256(v, m0f);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-        slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(x)));
-        shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(x + 32)));
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const float* xs = a.Xs(r0 + r);
-      const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
-      if constexpr (kActGroup == 64) {
-        const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ilo, ihi)), ds, acc[r]);
-      } else {
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
-      }
-      const float* s32 = a.S32(r0 + r) + i0 / 32;
-      acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k], _mm256_set1_ps(s32[0]), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k + 1], _mm256_set1_ps(s32[1]), acc[r]);
-    }
-  }
-}
-
 struct Q4K {
   static constexpr KFormat kFormat = KFormat::kQ4K;
   using Scales = Q4KHalf;
-  static void Decode(const uint8_t* blk, int h, Scales* m) { DecodeQ4KHalf(blk, h, m); }
+
+  static void Decode(const uint8_t* blk, int h, Q4KHalf* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+    __m128i p[12];
+    for (int j = 0; j < 12; ++j) p[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * h));
+    const __m128i m63 = _mm_set1_epi8(63), m0f = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
+    for (int j = 0; j < 8; ++j) {
+      __m128i sc, mn;
+      if (j < 4) {
+        sc = _mm_and_si128(p[j], m63);
+        mn = _mm_and_si128(p[j + 4], m63);
+      } else {
+        sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
+      }
+      const __m256i s32 = _mm256_cvtepu8_epi32(sc);
+      m->scp[j] = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+      m->dmm[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    }
+  }
+
   template <int R>
-  static void Pass(const uint8_t* blk, int h, const Scales& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
-    Q4KPass<R>(blk, h, m, a, s, r0, acc);
+  static void Pass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* q = blk + 256 + 512 * k + 32 * h;
+      const int64_t i0 = s * kKSuper + 64 * k;
+      __m256i slo[R], shi[R];  // int16 sums per sub-block
+      for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
+  #pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
+        const __m256i lo = _mm256_and_si256(v, m0f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+  #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
+          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(x)));
+          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(x + 32)));
+        }
+      }
+  #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* xs = a.Xs(r0 + r);
+        const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
+        if constexpr (kActGroup == 64) {
+          const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ilo, ihi)), ds, acc[r]);
+        } else {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup])), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
+        }
+        const float* s32 = a.S32(r0 + r) + i0 / 32;
+        acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k], _mm256_set1_ps(s32[0]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k + 1], _mm256_set1_ps(s32[1]), acc[r]);
+      }
+    }
   }
 };
 
@@ -112,74 +107,69 @@ struct Q6KHalf {
   __m256i offp[8];  // (sc[2p], sc[2p+1]) pairs
 };
 
-inline void DecodeQ6KHalf(const uint8_t* blk, int h, Q6KHalf* m) {
-  m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
-  const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
-  __m256i v[16];
-  for (int j = 0; j < 16; ++j) {
-    v[j] = WidenS8(blk + 32 + 16 * j + 8 * h);
-    m->scp[j] = _mm256_or_si256(_mm256_and_si256(v[j], lo16), _mm256_slli_epi32(v[j], 16));
-  }
-  for (int p = 0; p < 8; ++p) m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
-}
-
-template <int R>
-inline void Q6KPass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
-  const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-  for (int n = 0; n < 2; ++n) {
-    const int64_t i0 = s * kKSuper + 128 * n;
-    __m256i iacc[kQ6Acc][R];
-    for (int j = 0; j < kQ6Acc; ++j) {
-      for (int r = 0; r < R; ++r) iacc[j][r] = _mm256_setzero_si256();
-    }
-#pragma GCC unroll 2
-    for (int c = 0; c < 8; ++c) {
-      const uint8_t* g = blk + 288 + (8 * n + c) * 192 + 32 * h;
-      const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
-      const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
-      const __m256i vh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 128));
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(va, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 4), m30));
-      q[1] = _mm256_or_si256(_mm256_and_si256(vb, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 2), m30));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(va, 4), m0f), _mm256_and_si256(vh, m30));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vb, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
-      const int sub = 8 * n + c / 4;
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-#pragma GCC unroll 4
-        for (int mm = 0; mm < 4; ++mm) {
-          const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
-          __m256i& ia = iacc[mm * kQ6Acc / 4][r];
-          ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, m.scp[sub + 2 * mm]));
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
-      __m256i off[kQ6Acc];
-      for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm256_setzero_si256();
-      for (int mm = 0; mm < 4; ++mm) {
-        off[mm * kQ6Acc / 4] = _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
-      }
-      const float* xs = a.Xs(r0 + r);
-      for (int j = 0; j < kQ6Acc; ++j) {
-        const __m256i v = _mm256_sub_epi32(iacc[j][r], _mm256_slli_epi32(off[j], 5));
-        const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[(i0 + j * (128 / kQ6Acc)) / kActGroup]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), ds, acc[r]);
-      }
-    }
-  }
-}
-
 struct Q6K {
   static constexpr KFormat kFormat = KFormat::kQ6K;
   using Scales = Q6KHalf;
-  static void Decode(const uint8_t* blk, int h, Scales* m) { DecodeQ6KHalf(blk, h, m); }
+
+  static void Decode(const uint8_t* blk, int h, Q6KHalf* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    __m256i v[16];
+    for (int j = 0; j < 16; ++j) {
+      v[j] = WidenS8(blk + 32 + 16 * j + 8 * h);
+      m->scp[j] = _mm256_or_si256(_mm256_and_si256(v[j], lo16), _mm256_slli_epi32(v[j], 16));
+    }
+    for (int p = 0; p < 8; ++p) m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
+  }
+
   template <int R>
-  static void Pass(const uint8_t* blk, int h, const Scales& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
-    Q6KPass<R>(blk, h, m, a, s, r0, acc);
+  static void Pass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int n = 0; n < 2; ++n) {
+      const int64_t i0 = s * kKSuper + 128 * n;
+      __m256i iacc[kQ6Acc][R];
+      for (int j = 0; j < kQ6Acc; ++j) {
+        for (int r = 0; r < R; ++r) iacc[j][r] = _mm256_setzero_si256();
+      }
+  #pragma GCC unroll 2
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* g = blk + 288 + (8 * n + c) * 192 + 32 * h;
+        const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+        const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
+        const __m256i vh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 128));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(va, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(vb, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(va, 4), m0f), _mm256_and_si256(vh, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vb, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
+        const int sub = 8 * n + c / 4;
+  #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
+  #pragma GCC unroll 4
+          for (int mm = 0; mm < 4; ++mm) {
+            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
+            __m256i& ia = iacc[mm * kQ6Acc / 4][r];
+            ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, m.scp[sub + 2 * mm]));
+          }
+        }
+      }
+  #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
+        __m256i off[kQ6Acc];
+        for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm256_setzero_si256();
+        for (int mm = 0; mm < 4; ++mm) {
+          off[mm * kQ6Acc / 4] = _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
+        }
+        const float* xs = a.Xs(r0 + r);
+        for (int j = 0; j < kQ6Acc; ++j) {
+          const __m256i v = _mm256_sub_epi32(iacc[j][r], _mm256_slli_epi32(off[j], 5));
+          const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[(i0 + j * (128 / kQ6Acc)) / kActGroup]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), ds, acc[r]);
+        }
+      }
+    }
   }
 };
 
