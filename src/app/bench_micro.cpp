@@ -14,6 +14,7 @@
 #include "base/half.h"
 #include "base/thread_pool.h"
 #include "kernels/q8.h"
+#include "kernels/weight_matrix.h"
 
 namespace mr::app {
 namespace {
@@ -95,28 +96,58 @@ MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps) 
   return r;
 }
 
-std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows, int64_t cols,
+namespace {
+
+// A random (rows, cols) matrix in format f: random quant words, small positive scales.
+WeightMatrix RandomWeights(WeightFormat f, int64_t rows, int64_t cols, XorShift& rng) {
+  WeightMatrix w;
+  w.format = f;
+  if (f == WeightFormat::kQ8G64) {
+    QMatrix base;
+    base.rows = rows;
+    base.cols = cols;
+    base.q.resize(static_cast<size_t>(rows * cols));
+    base.scales.resize(static_cast<size_t>(rows * (cols / kQ8Group)));
+    for (int8_t& q : base.q) q = static_cast<int8_t>(static_cast<int>(rng.Next() % 255) - 127);
+    for (uint16_t& s : base.scales) s = F32ToBf16(0.001f + 0.01f * std::abs(rng.Uniform()));
+    w.q8 = PackQ8(base);  // the kernels read the tile-interleaved layout
+    return w;
+  }
+  const KFormat kf = f == WeightFormat::kQ4K ? KFormat::kQ4K : KFormat::kQ6K;
+  w.k = NewKMatrix(kf, rows, cols);
+  for (uint8_t& b : w.k.data) b = static_cast<uint8_t>(rng.Next());
+  // Finite f16 d (and dmin) for the 16 rows of every block (kquant.h layout: d at 2o, dmin at 32 + 2o).
+  const uint16_t d = F32ToF16(0.001f);
+  for (int64_t t = 0; t < w.k.tiles(); ++t) {
+    for (int64_t sb = 0; sb < w.k.supers(); ++sb) {
+      uint8_t* blk = w.k.data.data() + (t * w.k.supers() + sb) * KBlockBytes(kf);
+      for (int o = 0; o < kKTile; ++o) {
+        std::memcpy(blk + 2 * o, &d, 2);
+        if (kf == KFormat::kQ4K) std::memcpy(blk + 32 + 2 * o, &d, 2);
+      }
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, WeightFormat format, int64_t rows, int64_t cols,
                                        const std::vector<int>& act_rows, int n_threads, int iters,
                                        int64_t rotate_bytes) {
   XorShift rng{0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(rows * 31 + cols)};
-  QMatrix base;
-  base.rows = rows;
-  base.cols = cols;
-  base.q.resize(static_cast<size_t>(rows * cols));
-  base.scales.resize(static_cast<size_t>(rows * (cols / kQ8Group)));
-  for (int8_t& q : base.q) q = static_cast<int8_t>(static_cast<int>(rng.Next() % 255) - 127);
-  for (uint16_t& s : base.scales) s = F32ToBf16(0.001f + 0.01f * std::abs(rng.Uniform()));
-  base = PackQ8(base);  // the kernels read the tile-interleaved layout
+  const WeightMatrix base = RandomWeights(format, rows, cols, rng);
   const int64_t n_copies = std::max<int64_t>(2, (rotate_bytes + static_cast<int64_t>(base.bytes()) - 1) /
                                                     static_cast<int64_t>(base.bytes()));
-  std::vector<QMatrix> copies(static_cast<size_t>(n_copies), base);
+  std::vector<WeightMatrix> copies(static_cast<size_t>(n_copies), base);
 
   const int max_rows = *std::max_element(act_rows.begin(), act_rows.end());
   std::vector<float> x(static_cast<size_t>(max_rows * cols));
   for (float& v : x) v = rng.Uniform();
-  std::vector<int8_t> xq(x.size());
-  std::vector<float> xs(static_cast<size_t>(max_rows * (cols / kActGroup)));
-  kernels.quantize_acts(x.data(), max_rows, cols, xq.data(), xs.data());
+  QActs xa;
+  xa.Resize(max_rows, cols);
+  kernels.quantize_acts(x.data(), max_rows, cols, xa.q.data(), xa.scales.data());
+  xa.ComputeSums(0, max_rows);
   std::vector<float> y(static_cast<size_t>(max_rows * rows));
 
   ThreadPool pool(n_threads);
@@ -124,11 +155,11 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
   for (int n : act_rows) {
     std::vector<double> ms, ms_cpu, cpu_s(static_cast<size_t>(n_threads));
     for (int it = 0; it < iters + static_cast<int>(n_copies); ++it) {  // first pass over the copies warms up
-      const QMatrix& w = copies[static_cast<size_t>(it % n_copies)];
+      const WeightMatrix& w = copies[static_cast<size_t>(it % n_copies)];
       const auto t0 = std::chrono::steady_clock::now();
       pool.ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int thread) {
         const double c0 = ThreadCpuSeconds();
-        kernels.matmul_q8(w, xq.data(), xs.data(), n, y.data(), rows, b, e);
+        MatmulTiles(kernels, w, xa, n, y.data(), rows, b, e);
         cpu_s[static_cast<size_t>(thread)] = ThreadCpuSeconds() - c0;
       });
       const double s = SecondsSince(t0);
@@ -138,6 +169,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows,
       }
     }
     MatmulPoint p;
+    p.format = WeightFormatName(format);
     p.rows = rows;
     p.cols = cols;
     p.n_act_rows = n;

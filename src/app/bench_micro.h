@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/weight_matrix.h"
 
 namespace mr::app {
 
@@ -27,19 +28,21 @@ MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps);
 
 struct MatmulPoint {
   int64_t rows = 0, cols = 0;  // weight matrix (outputs, inputs)
+  const char* format = "";    // WeightFormatName
   int n_act_rows = 0;          // activation rows multiplied per weight pass (1..8)
   int n_threads = 0;
   int iters = 0;
   double ms_median = 0;        // one matmul call
-  double gbps_median = 0;      // weight bytes (int8 + bf16 scales) / time
+  double gbps_median = 0;      // weight bytes (in the format's own size) / time
   double gops_median = 0;      // 2 * rows * cols * n_act_rows / time, 1e9/s
   double gbps_cpu_median = 0;  // weight bytes / slowest thread's CPU time (see MemBandwidth)
 };
 
-// Times kernels.matmul_q8 on a random (rows, cols) Q8/g64 matrix for each activation-row count,
-// split over n_threads by output rows as the model does. Several copies of the matrix (together
-// >= rotate_bytes) are used in turn so the weights stream from memory, not from the LLC.
-std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, int64_t rows, int64_t cols,
+// Times the kernel of `format` (weight_matrix.h) on a random (rows, cols) matrix for each
+// activation-row count, split over n_threads by output tiles as the model does (cols % 256 == 0
+// for the K-quant formats). Several copies of the matrix (together >= rotate_bytes) are used in
+// turn so the weights stream from memory, not from the LLC.
+std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, WeightFormat format, int64_t rows, int64_t cols,
                                        const std::vector<int>& act_rows, int n_threads, int iters,
                                        int64_t rotate_bytes);
 

@@ -1,5 +1,5 @@
 // `mererun bench`: one program that measures, side by side and in the same run,
-//   - the machine: streaming memory-read bandwidth and the Q8/g64 matmul's effective GB/s;
+//   - the machine: streaming memory-read bandwidth and each weight format's matmul effective GB/s;
 //   - each model with mererun: prefill tok/s, decode tok/s, and the cost of a verify step of
 //     2/4/8 rows (Forward with all_logits) relative to a 1-row step, against the bandwidth
 //     roofline (weight_bytes / bandwidth);
@@ -203,15 +203,20 @@ json MeasureMachine(const Options& o) {
   const KernelTable& k = GetKernels(SelectedCpuVariant());
   machine["matmul"] = {{"cpu_variant", CpuVariantName(k.variant)}, {"points", json::array()}};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{8960, 1536}, {1536, 8960}};
-  for (const auto& [rows, cols] : shapes) {
-    for (int t : o.threads) {
-      std::fprintf(stderr, "[bench] matmul %lldx%lld, %d thread(s)\n", (long long)rows, (long long)cols, t);
-      for (const MatmulPoint& p : MeasureMatmul(k, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
-        const double bw = BandwidthFor(machine, t);
-        machine["matmul"]["points"].push_back({{"rows", p.rows}, {"cols", p.cols}, {"act_rows", p.n_act_rows},
-                                               {"threads", p.n_threads}, {"iters", p.iters}, {"ms", p.ms_median},
-                                               {"gbps", p.gbps_median}, {"gbps_cpu", p.gbps_cpu_median}, {"gops", p.gops_median},
-                                               {"pct_of_mem_bandwidth", bw > 0 ? 100.0 * p.gbps_median / bw : 0.0}});
+  for (WeightFormat f : {WeightFormat::kQ8G64, WeightFormat::kQ4K, WeightFormat::kQ6K}) {
+    for (const auto& [rows, cols] : shapes) {
+      for (int t : o.threads) {
+        std::fprintf(stderr, "[bench] matmul %s %lldx%lld, %d thread(s)\n", WeightFormatName(f), (long long)rows,
+                     (long long)cols, t);
+        for (const MatmulPoint& p : MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
+          const double bw = BandwidthFor(machine, t);
+          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth)\n", p.n_act_rows, p.gbps_median,
+                       bw > 0 ? 100.0 * p.gbps_median / bw : 0.0);
+          machine["matmul"]["points"].push_back({{"format", p.format}, {"rows", p.rows}, {"cols", p.cols}, {"act_rows", p.n_act_rows},
+                                                 {"threads", p.n_threads}, {"iters", p.iters}, {"ms", p.ms_median},
+                                                 {"gbps", p.gbps_median}, {"gbps_cpu", p.gbps_cpu_median}, {"gops", p.gops_median},
+                                                 {"pct_of_mem_bandwidth", bw > 0 ? 100.0 * p.gbps_median / bw : 0.0}});
+        }
       }
     }
   }
@@ -355,14 +360,14 @@ void PrintTable(const json& j) {
                 b["threads"].get<int>(), b["gbps_median"].get<double>(), b["gbps_max"].get<double>(),
                 b["gbps_cpu_median"].get<double>());
   }
-  std::printf("\nQ8/g64 matmul (%s), weight GB/s wall/CPU-time (wall as %% of roofline bandwidth):\n",
+  std::printf("\nmatmul kernels (%s), weight GB/s in each format's own bytes, wall/CPU-time (wall as %% of roofline bandwidth):\n",
               mach["matmul"]["cpu_variant"].get<std::string>().c_str());
-  std::printf("%-12s %7s %19s %19s %19s %19s\n", "shape", "threads", "1 row", "2 rows", "4 rows", "8 rows");
+  std::printf("%-7s %-12s %7s %19s %19s %19s %19s\n", "format", "shape", "threads", "1 row", "2 rows", "4 rows", "8 rows");
   const json& pts = mach["matmul"]["points"];
   for (size_t i = 0; i + 3 < pts.size(); i += 4) {
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lldx%lld", pts[i]["rows"].get<long long>(), pts[i]["cols"].get<long long>());
-    std::printf("%-12s %7d", shape, pts[i]["threads"].get<int>());
+    std::printf("%-7s %-12s %7d", pts[i].value("format", "q8/g64").c_str(), shape, pts[i]["threads"].get<int>());
     for (size_t k = 0; k < 4; ++k) {
       std::printf(" %5.1f/%5.1f (%3.0f%%)", pts[i + k]["gbps"].get<double>(), pts[i + k]["gbps_cpu"].get<double>(),
                   pts[i + k]["pct_of_mem_bandwidth"].get<double>());

@@ -41,9 +41,10 @@ struct Config {
   bool ref_path = false;
   CpuVariant cpu = SelectedCpuVariant();
   int threads = 0;  // 0: default
+  WeightMode weights = DefaultWeightMode();
 };
 
-// "path=ref|fast,cpu=scalar|avx2|avx512,threads=N" (any subset, any order).
+// "path=ref|fast,cpu=scalar|avx2|avx512,threads=N,weights=native|q8g64" (any subset, any order).
 Result<Config> ParseConfig(const std::string& spec) {
   Config c;
   c.spec = spec;
@@ -52,7 +53,7 @@ Result<Config> ParseConfig(const std::string& spec) {
   for (std::string item; std::getline(ss, item, ',');) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      return InvalidArgument("CONFIG '" + spec + "': item '" + item + "' is not KEY=VALUE (keys: path, cpu, threads)");
+      return InvalidArgument("CONFIG '" + spec + "': item '" + item + "' is not KEY=VALUE (keys: path, cpu, threads, weights)");
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "path") {
@@ -75,8 +76,13 @@ Result<Config> ParseConfig(const std::string& spec) {
         return InvalidArgument("CONFIG '" + spec + "': threads must be an integer in [1, 256], got '" + value + "'");
       }
       c.threads = static_cast<int>(t);
+    } else if (key == "weights") {
+      if (value != "native" && value != "q8g64") {
+        return InvalidArgument("CONFIG '" + spec + "': weights must be native or q8g64, got '" + value + "'");
+      }
+      c.weights = value == "native" ? WeightMode::kNative : WeightMode::kQ8G64;
     } else {
-      return InvalidArgument("CONFIG '" + spec + "': unknown key '" + key + "' (keys: path, cpu, threads)");
+      return InvalidArgument("CONFIG '" + spec + "': unknown key '" + key + "' (keys: path, cpu, threads, weights)");
     }
   }
   return c;
@@ -129,14 +135,14 @@ Result<Dataset> LoadSotu(const std::string& dir_arg) {
 
 json ConfigJson(const Config& c, const Model& m, double seconds) {
   return {{"config", c.spec}, {"path", m.ref_path() ? "ref" : "fast"}, {"cpu", CpuVariantName(m.cpu_variant())},
-          {"threads", m.n_threads()}, {"forward_seconds", seconds}};
+          {"threads", m.n_threads()}, {"weights", WeightModeName(m.weight_mode())}, {"forward_seconds", seconds}};
 }
 
 int Likelihood(const Args& args) {
   Cli cli("qualify likelihood",
           "Perplexity of a candidate configuration against a reference on held-out text, with a "
           "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
-          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N");
+          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N, weights=native|q8g64");
   CLI::App& app = cli.app();
   std::string model_arg, ref_spec, cand_spec, json_path, data_dir;
   int n_windows = 16, n_pos = 2048, chunk = 128, n_boot = 2000;
@@ -183,6 +189,7 @@ int Likelihood(const Args& args) {
     lo.ref_path = cfgs[i]->ref_path;
     lo.cpu = cfgs[i]->cpu;
     lo.n_threads = cfgs[i]->threads;
+    lo.weights = cfgs[i]->weights;
     auto m = Model::Load(path, lo);
     if (!m.ok()) {
       std::fprintf(stderr, "mererun qualify: %s\n", m.status().message().c_str());

@@ -1,6 +1,7 @@
 #include "app/model_opts.h"
 
 #include <cstdio>
+#include <map>
 
 #include "app/commands.h"
 
@@ -12,6 +13,13 @@ void AddModelOptions(CLI::App& app, ModelArgs* a) {
   app.add_option("-t,--threads", a->threads, "worker threads (0: MERERUN_THREADS, else the physical cores)")
       ->check(AtLeast(1));
   app.add_flag("--ref", a->ref, "use the scalar reference path instead of the fast kernels");
+  static const std::map<std::string, WeightMode> kWeightModes = {{"native", WeightMode::kNative},
+                                                                 {"q8g64", WeightMode::kQ8G64}};
+  app.add_option("--weights", a->weights,
+                 "fast-path weights: native (Q4_K/Q6_K keep the file's own words) or q8g64 (every matrix "
+                 "converted to Q8/g64); default MERERUN_WEIGHTS, else native")
+      ->transform(CLI::CheckedTransformer(kWeightModes, CLI::ignore_case))
+      ->type_name("native|q8g64");
 }
 
 namespace {
@@ -36,6 +44,7 @@ std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a) {
   LoadOptions opts;
   opts.n_threads = a.threads;
   opts.ref_path = a.ref;
+  opts.weights = a.weights;
   auto m = Model::Load(path, opts);
   if (!m.ok()) {
     std::fprintf(stderr, "mererun %s: %s\n", cmd, m.status().message().c_str());

@@ -1,4 +1,4 @@
-// Shared by the subcommands that load a model: -m, --threads, --ref, and loading with a clear error.
+// Shared by the subcommands that load a model: -m, --threads, --ref, --weights, and loading with a clear error.
 #pragma once
 
 #include <memory>
@@ -14,6 +14,7 @@ struct ModelArgs {
   std::string model;
   int threads = 0;
   bool ref = false;
+  WeightMode weights = DefaultWeightMode();  // --weights native|q8g64
 };
 
 // Adds -m/--model, -t/--threads (>= 1; default 0: MERERUN_THREADS, else the physical cores) and

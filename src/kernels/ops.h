@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/kquant.h"
 #include "kernels/q8.h"
 
 namespace mr {
@@ -44,6 +45,15 @@ struct KernelTable {
   // n_q heads (GQA). scratch: AttentionScratchFloats(n_q, hd) floats.
   void (*attention)(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
                     int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
+  // Native K-quant kernels (kquant.h), indexed by KFormat, over output tiles [t_begin, t_end) of
+  // kKTile = 16 outputs (only real outputs are written). x: rows [0, n_rows) quantized, with
+  // ComputeSums done (the Q4_K minimum and Q6_K offset terms use the activation sums). Same
+  // contract as matmul_q8 / matmul_q8_glu otherwise; each weight tile is read once from memory
+  // for all rows (passes of up to 8 rows per super-block while it is in L1).
+  void (*matmul_k[kKFormats])(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                              int64_t t_end);
+  void (*matmul_k_glu[kKFormats])(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,
+                                  float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 };
 
 constexpr int64_t kAttnBlock = 64;

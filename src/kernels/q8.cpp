@@ -124,6 +124,24 @@ void QActs::Resize(int64_t rows, int64_t c) {
   cols = c;
   if (q.size() < static_cast<size_t>(rows * c)) q.resize(static_cast<size_t>(rows * c));
   if (scales.size() < static_cast<size_t>(rows * (c / kActGroup))) scales.resize(static_cast<size_t>(rows * (c / kActGroup)));
+  if (sums16.size() < static_cast<size_t>(rows * (c / 16))) sums16.resize(static_cast<size_t>(rows * (c / 16)));
+  if (sums32.size() < static_cast<size_t>(rows * (c / 32))) sums32.resize(static_cast<size_t>(rows * (c / 32)));
+}
+
+void QActs::ComputeSums(int64_t r_begin, int64_t r_end) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const int8_t* xr = q.data() + r * cols;
+    int16_t* s16 = sums16.data() + r * (cols / 16);
+    for (int64_t j = 0; j < cols / 16; ++j) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += xr[16 * j + i];
+      s16[j] = static_cast<int16_t>(s);
+    }
+    for (int64_t j = 0; j < cols / 32; ++j) {
+      const float scale = scales[r * (cols / kActGroup) + (32 * j) / kActGroup];
+      sums32[r * (cols / 32) + j] = scale * static_cast<float>(s16[2 * j] + s16[2 * j + 1]);
+    }
+  }
 }
 
 }  // namespace mr

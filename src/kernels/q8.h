@@ -89,7 +89,14 @@ struct QActs {
   int64_t cols = 0;
   std::vector<int8_t> q;       // (n_rows, cols)
   std::vector<float> scales;   // (n_rows, cols / kActGroup)
+  // For the native K-quant kernels (kquant.h), whose weights carry an offset (Q6_K's -32) or a
+  // sub-block minimum (Q4_K): per-row sums of the quantized activations, filled by ComputeSums.
+  std::vector<int16_t> sums16;  // (n_rows, cols / 16): sum of q over inputs 16j..16j+15 (|sum| <= 2032)
+  std::vector<float> sums32;    // (n_rows, cols / 32): scale * sum of q over inputs 32j..32j+31
+  // Grows the buffers (never shrinks them) for rows x c inputs (c % kActGroup == 0).
   void Resize(int64_t rows, int64_t c);
+  // Fills sums16 and sums32 of rows [r_begin, r_end) from q and scales.
+  void ComputeSums(int64_t r_begin, int64_t r_end);
 };
 
 }  // namespace mr

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/half.h"
+#include "kernels/kquant.h"
 
 namespace mr {
 namespace {
@@ -35,9 +36,7 @@ constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;                         // d, m,
 constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;                         // d, qh[4], qs[16]
 constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                     // d, m, qh[4], qs[16]
 constexpr int64_t kQ8_0Bytes = 2 + kQK;                                 // d, qs[32]
-constexpr int64_t kQ4_KBytes = 2 + 2 + 12 + kQK_K / 2;                  // d, dmin, scales[12], qs[128]
 constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;      // ... qh[32], qs[128]
-constexpr int64_t kQ6_KBytes = kQK_K / 2 + kQK_K / 4 + kQK_K / 16 + 2;  // ql, qh, scales, d
 
 inline uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
@@ -138,40 +137,6 @@ void DequantQ8_0(const uint8_t* x, float* y, int64_t nb) {
   }
 }
 
-// 6-bit scale and min of sub-block j (0..7) from the 12-byte K-quant scales array
-// (get_scale_min_k4): sub-blocks 0..3 keep their 6 bits in the low bits of bytes j and j+4;
-// sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j+4 and their top 2 bits in
-// the top bits of bytes j-4 (scale) and j (min).
-inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
-    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
-// block_q4_K: 8 sub-blocks of 32; sub-block s: y = d*sc[s] * q - dmin*m[s]. Each run of 32
-// bytes of qs holds sub-block 2k in its low nibbles and sub-block 2k+1 in its high nibbles.
-void DequantQ4_K(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ4_KBytes) {
-    const float d = LoadF16(x);
-    const float dmin = LoadF16(x + 2);
-    const uint8_t* scales = x + 4;
-    const uint8_t* q = x + 16;
-    for (int is = 0; is < 8; is += 2, q += 32) {
-      uint8_t sc, m;
-      ScaleMinK4(is, scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      ScaleMinK4(is + 1, scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
-    }
-  }
-}
-
 // block_q5_K: as q4_K plus a fifth bit per element from qh[32]: for sub-block s, element l of
 // the sub-block takes bit s of qh[l].
 void DequantQ5_K(const uint8_t* x, float* y, int64_t nb) {
@@ -184,40 +149,15 @@ void DequantQ5_K(const uint8_t* x, float* y, int64_t nb) {
     uint8_t u1 = 1, u2 = 2;
     for (int is = 0; is < 8; is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
       uint8_t sc, m;
-      ScaleMinK4(is, scales, &sc, &m);
+      KScaleMin(is, scales, &sc, &m);
       const float d1 = d * sc, m1 = dmin * m;
-      ScaleMinK4(is + 1, scales, &sc, &m);
+      KScaleMin(is + 1, scales, &sc, &m);
       const float d2 = d * sc, m2 = dmin * m;
       for (int l = 0; l < 32; ++l) {
         *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
       }
       for (int l = 0; l < 32; ++l) {
         *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
-      }
-    }
-  }
-}
-
-// block_q6_K: 16 sub-blocks of 16 with int8 scales; 6-bit q = 4 bits of ql | 2 bits of qh,
-// y = d * sc * (q - 32). Each half (128 elements) uses 64 bytes of ql, 32 of qh, 8 scales:
-// element l + 32*k (k = 0..3) takes ql[l + 32*(k&1)] nibble (k>>1) and qh[l] bits 2k..2k+1.
-void DequantQ6_K(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ6_KBytes) {
-    const uint8_t* ql = x;
-    const uint8_t* qh = x + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
-    const float d = LoadF16(x + 208);
-    for (int n = 0; n < kQK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
-        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
       }
     }
   }
@@ -287,14 +227,14 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
     case kTypeQ8_0:
       DequantQ8_0(x, dst, nb);
       break;
-    case kTypeQ4_K:
-      DequantQ4_K(x, dst, nb);
+    case kTypeQ4_K:  // block_q4_K: 8 sub-blocks of 32, y = d*sc*q - dmin*m (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ4K, x, dst, nb);
       break;
     case kTypeQ5_K:
       DequantQ5_K(x, dst, nb);
       break;
-    case kTypeQ6_K:
-      DequantQ6_K(x, dst, nb);
+    case kTypeQ6_K:  // block_q6_K: 16 sub-blocks of 16, y = d*sc*(q - 32) (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ6K, x, dst, nb);
       break;
     default:
       return Internal("[dequant] unreachable type " + std::to_string(type));

@@ -74,6 +74,16 @@ void KvCache::Release() {
   for (auto& x : v) x.Release();
 }
 
+WeightMode DefaultWeightMode() {
+  const char* w = std::getenv("MERERUN_WEIGHTS");
+  if (!w || !*w || !std::strcmp(w, "native")) return WeightMode::kNative;
+  if (!std::strcmp(w, "q8g64")) return WeightMode::kQ8G64;
+  MR_LOGW("model", "MERERUN_WEIGHTS=%s is not one of native|q8g64; using native", w);
+  return WeightMode::kNative;
+}
+
+const char* WeightModeName(WeightMode m) { return m == WeightMode::kNative ? "native" : "q8g64"; }
+
 Model::Model() = default;
 Model::~Model() = default;
 
@@ -95,12 +105,13 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   const char* path_env = std::getenv("MERERUN_PATH");
   m->ref_path_ = opts.ref_path || (path_env && std::strcmp(path_env, "ref") == 0);
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
+  m->native_weights_ = opts.weights == WeightMode::kNative;
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
   MR_RETURN_IF_ERROR(m->LoadWeights());
   m->InitRope();
-  MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB Q8 weights, %s path, %s, %d threads",
+  MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB weights (%s: %lld matrices native, rest q8/g64), %s path, %s, %d threads",
           path.c_str(), arch.c_str(), (long long)m->cfg_.n_layer, (long long)m->cfg_.d_model, (long long)m->cfg_.n_head,
-          (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0,
+          (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0, WeightModeName(m->weight_mode()), (long long)m->n_native_,
           m->ref_path_ ? "reference" : "fast", CpuVariantName(m->kernels_->variant), m->pool_->size());
   return m;
 }
@@ -171,66 +182,101 @@ Status LoadVector(const gguf::GgufFile& f, const std::string& name, int64_t n, s
 
 }  // namespace
 
+namespace {
+
+// The native K-quant format of a GGUF tensor type, if it has one.
+bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
+  switch (static_cast<gguf::TensorType>(t.type)) {
+    case gguf::TensorType::kQ4_K: *f = KFormat::kQ4K; return true;
+    case gguf::TensorType::kQ6_K: *f = KFormat::kQ6K; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+// A GGUF matrix (rows outputs of cols inputs) in its fast-path format: Q4_K / Q6_K tensors stay
+// native when allowed (native_weights_ and allow_native); others are converted to Q8/g64 in row
+// chunks so peak memory stays small, chunks spread over the pool.
+Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out) {
+  const gguf::GgufFile& f = *file_;
+  allow_native = allow_native && native_weights_;
+  const gguf::TensorInfo* t;
+  MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
+  MR_RETURN_IF_ERROR(CheckShape(*t, cols, rows));
+  source_[out] = t;
+  KFormat kf = KFormat::kQ4K;
+  if (allow_native && NativeFormat(*t, &kf) && cols % kKSuper == 0) {
+    // The file's own words, reordered into tiles (kquant.h), tiles spread over the pool.
+    out->format = kf == KFormat::kQ4K ? WeightFormat::kQ4K : WeightFormat::kQ6K;
+    out->k = NewKMatrix(kf, rows, cols);
+    MR_CHECK(t->row_bytes() == static_cast<uint64_t>(out->k.supers() * KSuperBytes(kf)));
+    std::vector<Status> errors(pool_->size());
+    pool_->ParallelFor(out->k.tiles(), [&](int64_t b, int64_t e, int th) {
+      Status st = PackKTiles(t->data, b, e, &out->k);
+      if (!st.ok()) errors[th] = st;
+    });
+    for (const Status& st : errors) {
+      if (!st.ok()) return InvalidArgument("[model] tensor '" + name + "': " + st.message());
+    }
+    ++n_native_;
+    MR_LOGD("convert", "%-28s %-5s -> native tiles (no requantization)", name.c_str(), gguf::TypeName(t->type).c_str());
+    return Status::Ok();
+  }
+  if (!CanDequantize(t->type)) {
+    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
+  }
+  if (cols % kQ8Group != 0) {
+    return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) + " is not a multiple of 64");
+  }
+  const size_t row_bytes = t->row_bytes();
+  out->format = WeightFormat::kQ8G64;
+  out->q8 = NewPackedQ8(rows, cols);  // tile-interleaved for the kernels (q8.h)
+  constexpr int64_t kChunk = 64;  // a multiple of kQ8Tile
+  const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
+  std::vector<Status> errors(pool_->size());
+  const bool want_stats = MR_LOG_ENABLED(kDebug);
+  std::vector<double> err_sq(pool_->size(), 0), w_sq(pool_->size(), 0), err_max(pool_->size(), 0);
+  pool_->ParallelFor(n_chunks, [&](int64_t b, int64_t e, int th) {
+    std::vector<float> buf(static_cast<size_t>(kChunk * cols));
+    for (int64_t ch = b; ch < e; ++ch) {
+      const int64_t r0 = ch * kChunk, nr = std::min(kChunk, rows - r0);
+      for (int64_t r = 0; r < nr; ++r) {
+        Status st = DequantizeRows(*t, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
+        if (!st.ok()) { errors[th] = st; return; }
+      }
+      if (const int64_t i = FirstNonFinite(buf.data(), nr * cols); i >= 0) {
+        errors[th] = NonFiniteError(*t, r0 + i / cols, i % cols, buf[i]);
+        return;
+      }
+      QuantError qe;  // conversion error statistics cost a pass of doubles: only for debug logs
+      QMatrix part = QuantizeQ8(buf.data(), nr, cols, want_stats ? &qe : nullptr);
+      PackRowsInto(part, r0, &out->q8);
+      const double n = static_cast<double>(nr * cols);
+      err_sq[th] += qe.rms * qe.rms * n;
+      w_sq[th] += qe.rms_w * qe.rms_w * n;
+      err_max[th] = std::max(err_max[th], qe.max_abs);
+    }
+  });
+  for (const Status& st : errors) MR_RETURN_IF_ERROR(st);
+  if (MR_LOG_ENABLED(kDebug)) {
+    double es = 0, ws = 0, em = 0;
+    for (size_t i = 0; i < err_sq.size(); ++i) { es += err_sq[i]; ws += w_sq[i]; em = std::max(em, err_max[i]); }
+    const double n = static_cast<double>(rows * cols);
+    MR_LOGD("convert", "%-28s %-5s -> q8/g64: max err %.3g, rms err %.3g (%.3f%% of rms w)", name.c_str(),
+            gguf::TypeName(t->type).c_str(), em, std::sqrt(es / n), 100.0 * std::sqrt(es / ws));
+  }
+  return Status::Ok();
+}
+
 Status Model::LoadWeights() {
   const gguf::GgufFile& f = *file_;
   const ModelConfig& c = cfg_;
-  // Convert a GGUF matrix (rows outputs of cols inputs) to Q8/g64, in row chunks so peak
-  // memory stays small, chunks spread over the pool.
-  auto load_matrix = [&](const std::string& name, int64_t rows, int64_t cols, QMatrix* out) -> Status {
-    const gguf::TensorInfo* t;
-    MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
-    MR_RETURN_IF_ERROR(CheckShape(*t, cols, rows));
-    if (!CanDequantize(t->type)) {
-      return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
-    }
-    if (cols % kQ8Group != 0) {
-      return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) + " is not a multiple of 64");
-    }
-    const size_t row_bytes = t->row_bytes();
-    source_[out] = t;
-    *out = NewPackedQ8(rows, cols);  // tile-interleaved for the kernels (q8.h)
-    constexpr int64_t kChunk = 64;  // a multiple of kQ8Tile
-    const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
-    std::vector<Status> errors(pool_->size());
-    const bool want_stats = MR_LOG_ENABLED(kDebug);
-    std::vector<double> err_sq(pool_->size(), 0), w_sq(pool_->size(), 0), err_max(pool_->size(), 0);
-    pool_->ParallelFor(n_chunks, [&](int64_t b, int64_t e, int th) {
-      std::vector<float> buf(static_cast<size_t>(kChunk * cols));
-      for (int64_t ch = b; ch < e; ++ch) {
-        const int64_t r0 = ch * kChunk, nr = std::min(kChunk, rows - r0);
-        for (int64_t r = 0; r < nr; ++r) {
-          Status st = DequantizeRows(*t, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
-          if (!st.ok()) { errors[th] = st; return; }
-        }
-        if (const int64_t i = FirstNonFinite(buf.data(), nr * cols); i >= 0) {
-          errors[th] = NonFiniteError(*t, r0 + i / cols, i % cols, buf[i]);
-          return;
-        }
-        QuantError qe;  // conversion error statistics cost a pass of doubles: only for debug logs
-        QMatrix part = QuantizeQ8(buf.data(), nr, cols, want_stats ? &qe : nullptr);
-        PackRowsInto(part, r0, out);
-        const double n = static_cast<double>(nr * cols);
-        err_sq[th] += qe.rms * qe.rms * n;
-        w_sq[th] += qe.rms_w * qe.rms_w * n;
-        err_max[th] = std::max(err_max[th], qe.max_abs);
-      }
-    });
-    for (const Status& st : errors) MR_RETURN_IF_ERROR(st);
-    if (MR_LOG_ENABLED(kDebug)) {
-      double es = 0, ws = 0, em = 0;
-      for (size_t i = 0; i < err_sq.size(); ++i) { es += err_sq[i]; ws += w_sq[i]; em = std::max(em, err_max[i]); }
-      const double n = static_cast<double>(rows * cols);
-      MR_LOGD("convert", "%-28s %-5s -> q8/g64: max err %.3g, rms err %.3g (%.3f%% of rms w)", name.c_str(),
-              gguf::TypeName(t->type).c_str(), em, std::sqrt(es / n), 100.0 * std::sqrt(es / ws));
-    }
-    return Status::Ok();
-  };
-
   const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  MR_RETURN_IF_ERROR(load_matrix("token_embd.weight", c.n_vocab, d, &w_.tok_embd));
+  MR_RETURN_IF_ERROR(LoadMatrix("token_embd.weight", c.n_vocab, d, true, &w_.tok_embd));
   MR_RETURN_IF_ERROR(LoadVector(f, "output_norm.weight", d, &w_.output_norm));
   if (f.FindTensor("output.weight")) {
-    MR_RETURN_IF_ERROR(load_matrix("output.weight", c.n_vocab, d, &w_.output));
+    MR_RETURN_IF_ERROR(LoadMatrix("output.weight", c.n_vocab, d, true, &w_.output));
   } else {
     cfg_.tied_embeddings = true;
   }
@@ -240,13 +286,18 @@ Status Model::LoadWeights() {
     const std::string p = "blk." + std::to_string(l) + ".";
     MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_norm.weight", d, &L.attn_norm));
     MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_norm.weight", d, &L.ffn_norm));
-    MR_RETURN_IF_ERROR(load_matrix(p + "attn_q.weight", q_dim, d, &L.wq));
-    MR_RETURN_IF_ERROR(load_matrix(p + "attn_k.weight", kv_dim, d, &L.wk));
-    MR_RETURN_IF_ERROR(load_matrix(p + "attn_v.weight", kv_dim, d, &L.wv));
-    MR_RETURN_IF_ERROR(load_matrix(p + "attn_output.weight", d, q_dim, &L.wo));
-    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_gate.weight", c.d_ff, d, &L.w_gate));
-    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_up.weight", c.d_ff, d, &L.w_up));
-    MR_RETURN_IF_ERROR(load_matrix(p + "ffn_down.weight", d, c.d_ff, &L.w_down));
+    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_q.weight", q_dim, d, true, &L.wq));
+    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_k.weight", kv_dim, d, true, &L.wk));
+    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_v.weight", kv_dim, d, true, &L.wv));
+    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_output.weight", d, q_dim, true, &L.wo));
+    {  // the fused GLU kernel reads gate and up in one format: native only when both files agree
+      const gguf::TensorInfo* tg = f.FindTensor(p + "ffn_gate.weight");
+      const gguf::TensorInfo* tu = f.FindTensor(p + "ffn_up.weight");
+      const bool same = tg && tu && tg->type == tu->type;
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_gate.weight", c.d_ff, d, same, &L.w_gate));
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_up.weight", c.d_ff, d, same, &L.w_up));
+    }
+    MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_down.weight", d, c.d_ff, true, &L.w_down));
     if (c.qkv_bias) {
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_q.bias", q_dim, &L.bq));
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k.bias", kv_dim, &L.bk));
@@ -291,19 +342,20 @@ KvCache Model::NewKvCache(int64_t n_ctx) const {
 void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
   qa_.Resize(n_rows, cols);
   const int64_t groups = cols / kActGroup;
+  const bool sums = n_native_ > 0;  // the K-quant kernels' minimum / offset terms
   if (n_rows <= 8) {  // decode and verify: cheaper than a hand-off to the workers
     kernels_->quantize_acts(x, n_rows, cols, qa_.q.data(), qa_.scales.data());
+    if (sums) qa_.ComputeSums(0, n_rows);
     return;
   }
   pool_->ParallelFor(n_rows, [&](int64_t b, int64_t e, int) {
     kernels_->quantize_acts(x + b * cols, e - b, cols, qa_.q.data() + b * cols, qa_.scales.data() + b * groups);
+    if (sums) qa_.ComputeSums(b, e);
   });
 }
 
-void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
-  pool_->ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int) {
-    kernels_->matmul_q8(w, qa_.q.data(), qa_.scales.data(), n_rows, y, w.rows, b, e);
-  });
+void Model::MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y) {
+  pool_->ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int) { MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), b, e); });
 }
 
 // q, k and v projections of the quantized input in one parallel op: the threads split the
@@ -311,11 +363,9 @@ void Model::MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y) {
 void Model::MatmulQkv(const LayerWeights& L, int64_t n_rows) {
   const int64_t tq = L.wq.tiles(), tk = L.wk.tiles(), tv = L.wv.tiles();
   pool_->ParallelFor(tq + tk + tv, [&](int64_t b, int64_t e, int) {
-    const int8_t* xq = qa_.q.data();
-    const float* xs = qa_.scales.data();
-    auto part = [&](const QMatrix& w, int64_t off, float* y) {
+    auto part = [&](const WeightMatrix& w, int64_t off, float* y) {
       const int64_t lo = std::max(b, off) - off, hi = std::min(e, off + w.tiles()) - off;
-      if (hi > lo) kernels_->matmul_q8(w, xq, xs, n_rows, y, w.rows, lo, hi);
+      if (hi > lo) MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), lo, hi);
     };
     part(L.wq, 0, q_.data());
     part(L.wk, tq, k_.data());
@@ -344,13 +394,13 @@ void Model::MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_ro
 }
 
 // y (n_rows, w.rows) = x (n_rows, w.cols) · wᵀ.
-void Model::Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y) {
+void Model::Matmul(const WeightMatrix& w, const float* x, int64_t n_rows, float* y) {
   if (ref_path_) {
-    ref_rows_.resize(static_cast<size_t>(pool_->size() * w.cols));
-    MatmulSource(*source_.at(&w), x, n_rows, y, w.rows);
+    ref_rows_.resize(static_cast<size_t>(pool_->size() * w.cols()));
+    MatmulSource(*source_.at(&w), x, n_rows, y, w.rows());
     return;
   }
-  QuantizeInput(x, n_rows, w.cols);
+  QuantizeInput(x, n_rows, w.cols());
   MatmulQuantized(w, n_rows, y);
 }
 
@@ -528,7 +578,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
           const gguf::TensorInfo& e = *source_.at(&w_.tok_embd);
           MR_CHECK(DequantizeRow(e.type, e.data + s.tokens[t] * e.row_bytes(), xr, d).ok());
         } else {
-          DequantizeQ8Row(w_.tok_embd, s.tokens[t], xr);
+          DequantizeWeightRow(w_.tok_embd, s.tokens[t], xr);
         }
         if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) xr[i] *= c.embed_scale;
       }
@@ -597,7 +647,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
     } else {  // gate and up projections with the GLU, one pass
       QuantizeInput(h_.data(), n, d);
       pool_->ParallelFor(L.w_gate.tiles(), [&](int64_t b, int64_t e, int) {
-        kernels_->matmul_q8_glu(L.w_gate, L.w_up, qa_.q.data(), qa_.scales.data(), n, act, gate_.data(), ff, b, e);
+        MatmulGluTiles(*kernels_, L.w_gate, L.w_up, qa_, n, act, gate_.data(), ff, b, e);
       });
     }
     Matmul(L.w_down, gate_.data(), n, tmp_.data());
@@ -619,7 +669,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       r += s.n;
     }
   }
-  const QMatrix& out = c.tied_embeddings ? w_.tok_embd : w_.output;
+  const WeightMatrix& out = c.tied_embeddings ? w_.tok_embd : w_.output;
   Matmul(out, h_.data(), n_out, logits);
   for (const BatchSeq& s : seqs) s.kv->n_past += s.n;
   return Status::Ok();

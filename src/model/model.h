@@ -19,6 +19,7 @@
 #include "base/thread_pool.h"
 #include "kernels/ops.h"
 #include "kernels/q8.h"
+#include "kernels/weight_matrix.h"
 #include "model/tokenizer.h"
 
 namespace mr {
@@ -58,14 +59,14 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_ffn_norm;  // gemma3 (d_model)
   std::vector<float> q_norm, k_norm;             // gemma3 (head_dim)
   std::vector<float> bq, bk, bv;                 // qwen2 biases
-  QMatrix wq, wk, wv, wo;                        // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
-  QMatrix w_gate, w_up, w_down;                  // (ff, d) (ff, d) (d, ff)
+  WeightMatrix wq, wk, wv, wo;                   // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
+  WeightMatrix w_gate, w_up, w_down;             // (ff, d) (ff, d) (d, ff); gate and up share a format
 };
 
 struct ModelWeights {
-  QMatrix tok_embd;  // (n_vocab, d_model); rows are dequantized on lookup
+  WeightMatrix tok_embd;  // (n_vocab, d_model); rows are dequantized on lookup
   std::vector<float> output_norm;
-  QMatrix output;    // (n_vocab, d_model); empty when tied (tok_embd is used)
+  WeightMatrix output;    // (n_vocab, d_model); empty when tied (tok_embd is used)
   std::vector<LayerWeights> layers;
 };
 
@@ -121,12 +122,20 @@ struct KvCache {
   void Release();
 };
 
+// Fast-path weight formats. kNative: Q4_K and Q6_K tensors keep the file's words (kquant.h),
+// other types are converted to Q8/g64; kQ8G64: every matrix is converted to Q8/g64.
+enum class WeightMode { kNative, kQ8G64 };
+// MERERUN_WEIGHTS=native|q8g64, else kNative (with a warning for another value).
+WeightMode DefaultWeightMode();
+const char* WeightModeName(WeightMode m);  // "native" or "q8g64"
+
 struct LoadOptions {
   int n_threads = 0;      // 0: ThreadPool::DefaultThreads()
   // Reference path (MERERUN_PATH=ref sets it): FP32 activations against the GGUF weights
   // dequantized from their stored type, no Q8/g64 conversion in the loop. Slow; the oracle.
   bool ref_path = false;
   CpuVariant cpu = SelectedCpuVariant();
+  WeightMode weights = DefaultWeightMode();
 };
 
 class Model {
@@ -137,10 +146,12 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::GgufFile& file() const { return *file_; }
-  size_t weight_bytes() const;  // bytes of converted weights read per token
+  size_t weight_bytes() const;  // bytes of fast-path weights read per token (their own formats)
+  int64_t native_matrices() const { return n_native_; }  // matrices kept in a native K-quant format
   bool ref_path() const { return ref_path_; }
   CpuVariant cpu_variant() const { return kernels_->variant; }
   int n_threads() const { return pool_->size(); }
+  WeightMode weight_mode() const { return native_weights_ ? WeightMode::kNative : WeightMode::kQ8G64; }
 
   KvCache NewKvCache(int64_t n_ctx) const;
 
@@ -167,10 +178,11 @@ class Model {
  private:
   Model();
   Status LoadWeights();
-  void Matmul(const QMatrix& w, const float* x, int64_t n_rows, float* y);
+  Status LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out);
+  void Matmul(const WeightMatrix& w, const float* x, int64_t n_rows, float* y);
   void MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy);
   void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
-  void MatmulQuantized(const QMatrix& w, int64_t n_rows, float* y);
+  void MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y);
   void MatmulQkv(const LayerWeights& L, int64_t n_rows);
   void InitRope();
   void RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa);
@@ -193,7 +205,9 @@ class Model {
   std::vector<int64_t> row_pos_;   // (rows) its position in that cache
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
-  std::unordered_map<const QMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
+  std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
+  bool native_weights_ = true;  // LoadOptions::weights == kNative
+  int64_t n_native_ = 0;  // > 0: QuantizeInput also fills the activation sums the K-quant kernels read
 
 };
 

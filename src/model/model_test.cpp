@@ -46,7 +46,61 @@ struct TinySpec {
   // bytes (F32 as generated) before it is added.
   std::function<void(gguf::GgufWriter&)> edit_meta;
   std::function<void(const std::string& name, uint32_t* type, std::vector<uint8_t>* bytes)> edit_tensor;
+  // Write the matrices as Q4_K (attn_v, ffn_down and output as Q6_K, as a Q4_K_M file does)
+  // with random blocks instead of F32; needs d, q_dim, ff multiples of 256.
+  bool kquants = false;
 };
+
+constexpr uint32_t kQ4_K = 12, kQ6_K = 14;
+
+void PutF16(uint8_t* p, float v) {
+  const uint16_t h = F32ToF16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random Q4_K blocks (ggml block_q4_K) with centred weights of standard deviation ~ sigma:
+// min m = scale sc and dmin = 7.5 d, so w = d sc (q - 7.5).
+std::vector<uint8_t> RandomQ4K(int64_t n_blocks, std::mt19937& rng, float sigma) {
+  std::uniform_int_distribution<int> byte(0, 255), six(32, 63);
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 144));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* x = v.data() + b * 144;
+    const float d = sigma / (48.0f * 4.6f);
+    PutF16(x, d);
+    PutF16(x + 2, 7.5f * d);
+    uint8_t* sc = x + 4;
+    std::memset(sc, 0, 12);
+    for (int j = 0; j < 8; ++j) {  // inverse of ggml get_scale_min_k4 with m = sc
+      const int s6 = six(rng);
+      if (j < 4) {
+        sc[j] = static_cast<uint8_t>(s6);
+        sc[j + 4] = static_cast<uint8_t>(s6);
+      } else {
+        sc[j + 4] = static_cast<uint8_t>((s6 & 0xF) | ((s6 & 0xF) << 4));
+        sc[j - 4] |= static_cast<uint8_t>((s6 >> 4) << 6);
+        sc[j] |= static_cast<uint8_t>((s6 >> 4) << 6);
+      }
+    }
+    for (int i = 16; i < 144; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+  }
+  return v;
+}
+
+// Random Q6_K blocks (ggml block_q6_K): w = d sc (q - 32), |sc| in [20, 50] with random signs.
+std::vector<uint8_t> RandomQ6K(int64_t n_blocks, std::mt19937& rng, float sigma) {
+  std::uniform_int_distribution<int> byte(0, 255), mag(20, 50);
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 210));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* x = v.data() + b * 210;
+    for (int i = 0; i < 192; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+    for (int i = 0; i < 16; ++i) {
+      const int m = mag(rng);
+      x[192 + i] = static_cast<uint8_t>(static_cast<int8_t>(byte(rng) & 1 ? m : -m));
+    }
+    PutF16(x + 208, sigma / (35.0f * 18.5f));
+  }
+  return v;
+}
 
 // Writes a random tiny model to a temp file and returns its path.
 std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
@@ -80,7 +134,15 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
     ASSERT_TRUE(w.AddTensor(name, type, std::move(dims), std::move(bytes)).ok()) << name;
   };
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    add(name, {cols, rows}, RandomF32Bytes(rows * cols, rng, 1.0f / std::sqrt(float(cols))));
+    const float sigma = 1.0f / std::sqrt(float(cols));
+    if (s.kquants) {
+      const bool q6 = name.find("attn_v") != std::string::npos || name.find("ffn_down") != std::string::npos ||
+                      name == "output.weight";
+      const int64_t blocks = rows * cols / 256;
+      ASSERT_TRUE(w.AddTensor(name, q6 ? kQ6_K : kQ4_K, {cols, rows}, q6 ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma)).ok());
+      return;
+    }
+    add(name, {cols, rows}, RandomF32Bytes(rows * cols, rng, sigma));
   };
   auto vec = [&](const std::string& name, int64_t n, float around) {
     std::normal_distribution<float> dist(around, 0.1f);
@@ -120,10 +182,11 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   return path;
 }
 
-std::unique_ptr<Model> LoadTiny(const std::string& path, bool ref_path) {
+std::unique_ptr<Model> LoadTiny(const std::string& path, bool ref_path, WeightMode weights = WeightMode::kNative) {
   LoadOptions o;
   o.n_threads = 2;
   o.ref_path = ref_path;
+  o.weights = weights;
   auto m = Model::Load(path, o);
   EXPECT_TRUE(m.ok()) << m.status().message();
   return m.ok() ? std::move(m).value() : nullptr;
@@ -188,6 +251,53 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   // random models (2.2-2.4% with 32-wide activation groups), far below what a wrong kernel or
   // layout gives (~100%).
   EXPECT_LT(std::sqrt(err / norm), 0.035) << s.arch;
+}
+
+// Q4_K / Q6_K matrices stay in their native tiles by default (fewer bytes than Q8/g64), track
+// the reference path as closely as the Q8/g64 conversion does, and decode row by row equals
+// the batched forward (the 1-row and multi-row kernel paths agree).
+TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
+  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
+  TinySpec s;
+  s.arch = GetParam();
+  s.d = 256;
+  s.head_dim = 64;
+  s.ff = 512;
+  s.kquants = true;
+  const std::string path = WriteTinyModel(s, 41);
+  auto native = LoadTiny(path, false, WeightMode::kNative);
+  auto q8 = LoadTiny(path, false, WeightMode::kQ8G64);
+  auto ref = LoadTiny(path, true);
+  ASSERT_TRUE(native && q8 && ref);
+  EXPECT_EQ(native->native_matrices(), 1 + s.n_layer * 7 + (s.arch == "qwen2" ? 0 : 1));
+  EXPECT_EQ(q8->native_matrices(), 0);
+  EXPECT_LT(native->weight_bytes(), q8->weight_bytes());
+  const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 46};
+  const int64_t n = static_cast<int64_t>(toks.size()), V = s.vocab;
+  auto run = [&](Model& m) {
+    KvCache kv = m.NewKvCache(n);
+    std::vector<float> out(n * V);
+    EXPECT_TRUE(m.Forward(kv, toks.data(), n, true, out.data()).ok());
+    return out;
+  };
+  const std::vector<float> a = run(*native), b = run(*q8), r = run(*ref);
+  auto rel = [&](const std::vector<float>& x) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) { err += (x[i] - r[i]) * (x[i] - r[i]); norm += r[i] * r[i]; }
+    return std::sqrt(err / norm);
+  };
+  // Native weights leave only the activation rounding: at most the Q8/g64 path's error.
+  EXPECT_LT(rel(a), 0.035) << s.arch;
+  EXPECT_LT(rel(b), 0.035) << s.arch;
+  EXPECT_LE(rel(a), rel(b) * 1.05) << s.arch;
+  KvCache kv = native->NewKvCache(n);
+  std::vector<float> one(V);
+  for (int64_t t = 0; t < n; ++t) {
+    ASSERT_TRUE(native->Forward(kv, &toks[t], 1, false, one.data()).ok());
+    std::vector<float> row(a.begin() + t * V, a.begin() + (t + 1) * V);
+    EXPECT_LT(MaxAbsDiff(row, one), 1e-4) << s.arch << " position " << t;
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "base/half.h"
 
@@ -66,6 +67,51 @@ void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t 
 void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
                       float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
   MatmulQ8IntGlu(gate, up, xq, xs, n_rows, act, y, ldy, t_begin * kQ8Tile, std::min(gate.rows, t_end * kQ8Tile));
+}
+
+namespace {
+
+// One dequantized output row of w against row r of x (int8 q * FP32 group scale), in double.
+float DotKInt(const float* wrow, const QActs& x, int64_t r) {
+  const int8_t* xq = x.q.data() + r * x.cols;
+  const float* xs = x.scales.data() + r * (x.cols / kActGroup);
+  double acc = 0;
+  for (int64_t i = 0; i < x.cols; ++i) acc += static_cast<double>(wrow[i]) * (static_cast<double>(xq[i]) * xs[i / kActGroup]);
+  return static_cast<float>(acc);
+}
+
+}  // namespace
+
+void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
+  MR_CHECK(x.cols == w.cols);
+  std::vector<float> wrow(static_cast<size_t>(w.cols));
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    DequantizeKRow(w, o, wrow.data());
+    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotKInt(wrow.data(), x, r);
+  }
+}
+
+void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                   int64_t ldy, int64_t o_begin, int64_t o_end) {
+  MR_CHECK(x.cols == gate.cols && x.cols == up.cols);
+  std::vector<float> wg(static_cast<size_t>(gate.cols)), wu(static_cast<size_t>(up.cols));
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    DequantizeKRow(gate, o, wg.data());
+    DequantizeKRow(up, o, wu.data());
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float g = DotKInt(wg.data(), x, r), u = DotKInt(wu.data(), x, r);
+      y[r * ldy + o] = (act == GluAct::kSilu ? Silu(g) : GeluTanh(g)) * u;
+    }
+  }
+}
+
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKInt(w, x, n_rows, y, ldy, t_begin * kKTile, std::min(w.rows, t_end * kKTile));
+}
+
+void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                     int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKIntGlu(gate, up, x, n_rows, act, y, ldy, t_begin * kKTile, std::min(gate.rows, t_end * kKTile));
 }
 
 void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,

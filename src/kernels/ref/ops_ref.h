@@ -23,6 +23,15 @@ void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t 
                    int64_t t_begin, int64_t t_end);
 void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
                       float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+// Native K-quant matrices (kquant.h): weights dequantized to FP32 with ggml's arithmetic, dotted
+// with the int8 activations (q * scale) in double. The oracle of the K-quant kernels.
+void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                   int64_t ldy, int64_t o_begin, int64_t o_end);
+// The scalar KernelTable::matmul_k / matmul_k_glu entries: the two above over tiles of 16 outputs.
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                     int64_t ldy, int64_t t_begin, int64_t t_end);
 // KernelTable::attention (ops.h), scalar.
 void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
                   int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);

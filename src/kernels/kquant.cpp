@@ -1,0 +1,172 @@
+#include "kernels/kquant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "base/half.h"
+
+namespace mr {
+namespace {
+
+inline float LoadF16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+// One ggml block_q4_K / block_q6_K in file order -> 256 floats; same operation order as
+// model/dequant.cpp (ggml-quants.c), so results are bit-identical to the reference path.
+void DequantQ4KBlock(const uint8_t* x, float* y) {
+  const float d = LoadF16(x), dmin = LoadF16(x + 2);
+  const uint8_t* scales = x + 4;
+  const uint8_t* q = x + 16;
+  for (int is = 0; is < 8; is += 2, q += 32) {
+    uint8_t sc, m;
+    KScaleMin(is, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    KScaleMin(is + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+  }
+}
+
+void DequantQ6KBlock(const uint8_t* x, float* y) {
+  const uint8_t* ql = x;
+  const uint8_t* qh = x + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
+  const float d = LoadF16(x + 208);
+  for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+    }
+  }
+}
+
+// KByteOffset as base + o * stride per ggml byte b, tabulated once per format.
+struct OffsetTable {
+  int32_t base[kQ6KSuperBytes];
+  int32_t stride[kQ6KSuperBytes];
+};
+
+OffsetTable MakeTable(KFormat f) {
+  OffsetTable t{};
+  for (int64_t b = 0; b < KSuperBytes(f); ++b) {
+    t.base[b] = static_cast<int32_t>(KByteOffset(f, 0, b));
+    t.stride[b] = static_cast<int32_t>(KByteOffset(f, 1, b) - KByteOffset(f, 0, b));
+  }
+  return t;
+}
+
+const OffsetTable& Table(KFormat f) {
+  static const OffsetTable q4 = MakeTable(KFormat::kQ4K), q6 = MakeTable(KFormat::kQ6K);
+  return f == KFormat::kQ4K ? q4 : q6;
+}
+
+}  // namespace
+
+const char* KFormatName(KFormat f) { return f == KFormat::kQ4K ? "q4_k" : "q6_k"; }
+
+int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
+  if (f == KFormat::kQ4K) {
+    if (b < 2) return 2 * o + b;                                      // d
+    if (b < 4) return 32 + 2 * o + (b - 2);                           // dmin
+    if (b < 16) return 64 + 16 * (b - 4) + o;                         // scales
+    const int64_t q = b - 16;                                         // qs
+    return 256 + (q / 4) * 64 + 4 * o + q % 4;
+  }
+  if (b < 128) {  // ql: half n, first or second 32 bytes of the half, chunk c
+    const int64_t n = b / 64, w = b % 64;
+    return 288 + (n * 8 + (w % 32) / 4) * 192 + (w / 32) * 64 + 4 * o + w % 4;
+  }
+  if (b < 192) {  // qh
+    const int64_t h = b - 128, n = h / 32;
+    return 288 + (n * 8 + (h % 32) / 4) * 192 + 128 + 4 * o + h % 4;
+  }
+  if (b < 208) return 32 + 16 * (b - 192) + o;  // scales
+  return 2 * o + (b - 208);                      // d
+}
+
+KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols) {
+  MR_CHECK(rows > 0 && cols > 0 && cols % kKSuper == 0);
+  KMatrix m;
+  m.format = f;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.assign(static_cast<size_t>(m.tiles() * m.supers() * KBlockBytes(f)), 0);
+  return m;
+}
+
+Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst) {
+  const KFormat f = dst->format;
+  const int64_t sb = KSuperBytes(f), supers = dst->supers(), row_bytes = supers * sb;
+  const OffsetTable& tab = Table(f);
+  const int64_t d_at = f == KFormat::kQ4K ? 0 : 208;  // f16 d (and, for Q4_K, dmin after it)
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    for (int64_t o = t * kKTile; o < std::min((t + 1) * kKTile, dst->rows); ++o) {
+      const int64_t r = o % kKTile;
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* x = src + o * row_bytes + s * sb;
+        const bool finite = std::isfinite(LoadF16(x + d_at)) && (f != KFormat::kQ4K || std::isfinite(LoadF16(x + 2)));
+        if (!finite) {
+          return InvalidArgument(std::string("[kquant] ") + KFormatName(f) + " row " + std::to_string(o) +
+                                 ", super-block " + std::to_string(s) + ": scale is NaN or infinite");
+        }
+        uint8_t* blk = dst->data.data() + (t * supers + s) * KBlockBytes(f);
+        for (int64_t b = 0; b < sb; ++b) blk[tab.base[b] + r * tab.stride[b]] = x[b];
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The ggml block of row o, super-block s, gathered back into file order.
+void GatherBlock(const KMatrix& m, int64_t o, int64_t s, uint8_t* out) {
+  const OffsetTable& tab = Table(m.format);
+  const uint8_t* blk = m.block(o / kKTile, s);
+  const int64_t r = o % kKTile;
+  for (int64_t b = 0; b < KSuperBytes(m.format); ++b) out[b] = blk[tab.base[b] + r * tab.stride[b]];
+}
+
+}  // namespace
+
+std::vector<uint8_t> UnpackK(const KMatrix& m) {
+  const int64_t sb = KSuperBytes(m.format);
+  std::vector<uint8_t> out(static_cast<size_t>(m.rows * m.supers() * sb));
+  for (int64_t o = 0; o < m.rows; ++o) {
+    for (int64_t s = 0; s < m.supers(); ++s) GatherBlock(m, o, s, out.data() + (o * m.supers() + s) * sb);
+  }
+  return out;
+}
+
+void DequantizeKRow(const KMatrix& m, int64_t o, float* dst) {
+  uint8_t buf[kQ6KSuperBytes];
+  for (int64_t s = 0; s < m.supers(); ++s) {
+    GatherBlock(m, o, s, buf);
+    DequantizeKBlocks(m.format, buf, dst + s * kKSuper, 1);
+  }
+}
+
+void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += KSuperBytes(f), y += kKSuper) {
+    if (f == KFormat::kQ4K) {
+      DequantQ4KBlock(x, y);
+    } else {
+      DequantQ6KBlock(x, y);
+    }
+  }
+}
+
+}  // namespace mr

@@ -1,0 +1,94 @@
+// Native K-quant weight formats: a GGUF file's own Q4_K / Q6_K words, reordered into tiles of
+// kKTile = 16 output rows so that one 64-byte load holds 4 quant bytes of each of the 16 rows.
+// The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin and the
+// packed 6-bit or int8 scales stay as stored); UnpackK restores the file's bytes exactly.
+//
+// A matrix has `rows` outputs of `cols` inputs (cols % 256 == 0). Tile t covers outputs
+// 16t..16t+15 (the last tile padded with zero rows: d = 0, so they contribute nothing). Tile t,
+// super-block s (inputs 256s..256s+255) is one block of 16 * (ggml block bytes) at
+// (t * supers + s) * KBlockBytes(format). Inside a block, row o (0..15) of the tile:
+//
+//  Q4_K (ggml block_q4_K: d f16, dmin f16, scales[12], qs[128]; 2304-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 64)     dmin of row o at 32 + 2o
+//    [64, 256)    scales[j] (the 12 packed bytes of 6-bit scales and mins) at 64 + 16j + o
+//    [256, 2304)  qs[b] at 256 + (b/4)*64 + 4o + b%4
+//    qs[32k + l] holds input 64k + l in its low nibble and input 64k + 32 + l in its high nibble,
+//    so the 64-byte chunk c of activation group k (64 inputs) holds, for the 16 rows, the nibbles
+//    of inputs 64k + 4c..+3 (low) and 64k + 32 + 4c..+3 (high): u8 weights for vpdpbusd /
+//    vpmaddubsw against 4 broadcast activation bytes, 16 (or 2 x 8) outputs per register.
+//  Q6_K (ggml block_q6_K: ql[128], qh[64], scales[16] int8, d f16; 3360-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 288)    scales[j] at 32 + 16j + o
+//    [288, 3360)  16 groups of 192 bytes, group (n, c) = n*8 + c for half n (0, 1), chunk c (0..7):
+//                 ql[64n + 4c + i] at +4o + i, ql[64n + 32 + 4c + i] at +64 + 4o + i,
+//                 qh[32n + 4c + i] at +128 + 4o + i (i = 0..3)
+//    One group gives the 6-bit quants of inputs 128n + 32m + 4c..+3 for m = 0..3 (ggml's split
+//    of ql nibbles and qh bit pairs), 16 rows each.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+
+namespace mr {
+
+enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1 };
+constexpr int kKFormats = 2;
+constexpr int64_t kKTile = 16;    // output rows per tile
+constexpr int64_t kKSuper = 256;  // inputs per super-block (ggml QK_K)
+constexpr int64_t kQ4KSuperBytes = 144;  // sizeof(block_q4_K)
+constexpr int64_t kQ6KSuperBytes = 210;  // sizeof(block_q6_K)
+
+constexpr int64_t KSuperBytes(KFormat f) { return f == KFormat::kQ4K ? kQ4KSuperBytes : kQ6KSuperBytes; }
+constexpr int64_t KBlockBytes(KFormat f) { return kKTile * KSuperBytes(f); }
+const char* KFormatName(KFormat f);
+
+// Offset inside a tile block of byte `b` (0 <= b < KSuperBytes) of the ggml block of tile row
+// `o` (0 <= o < 16). A bijection between (o, b) and [0, KBlockBytes) (kquant_test checks it).
+int64_t KByteOffset(KFormat f, int64_t o, int64_t b);
+
+struct KMatrix {
+  KFormat format = KFormat::kQ4K;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features, multiple of kKSuper
+  std::vector<uint8_t> data;  // (tiles, supers, KBlockBytes) as described above
+
+  int64_t supers() const { return cols / kKSuper; }
+  int64_t tiles() const { return (rows + kKTile - 1) / kKTile; }
+  const uint8_t* block(int64_t t, int64_t s) const { return data.data() + (t * supers() + s) * KBlockBytes(format); }
+  // Bytes of weights read per use (padding rows excluded): the file's own size of the matrix.
+  size_t bytes() const { return static_cast<size_t>(rows * supers() * KSuperBytes(format)); }
+};
+
+// An empty matrix (zeroed, padding included) to fill with PackKTiles.
+KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols);
+// Copies the ggml blocks of the rows of tiles [t_begin, t_end) from `src` (row-major, row o at
+// src + o * row_bytes, row_bytes = supers * KSuperBytes) into `dst`. Returns an error naming the
+// row when a block's d or dmin is NaN or infinite (nothing after it is packed). Threads may fill
+// disjoint tile ranges at once.
+Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst);
+// The ggml bytes of all real rows, row-major (the inverse permutation of PackKTiles).
+std::vector<uint8_t> UnpackK(const KMatrix& m);
+// Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K / _q6_K).
+void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
+// nb consecutive ggml blocks in file order -> nb * 256 floats, bit-identical to ggml-quants.c
+// (the GGUF reader, model/dequant.cpp, uses these too).
+void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb);
+
+// 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a Q4_K / Q5_K
+// block (ggml get_scale_min_k4): sub-blocks 0..3 keep their 6 bits in the low bits of bytes j
+// and j+4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j+4 and their top 2 bits
+// in the top bits of bytes j-4 (scale) and j (min).
+inline void KScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace mr

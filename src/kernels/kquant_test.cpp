@@ -1,0 +1,234 @@
+// Native K-quant formats (kquant.h): the repack is a pure permutation of the ggml bytes, the
+// packed rows dequantize exactly as the GGUF reader does, and every kernel variant matches the
+// scalar reference on odd sizes, partial tile ranges and 1..13 activation rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/half.h"
+#include "kernels/kquant.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ops_ref.h"
+#include "model/dequant.h"
+
+namespace mr {
+namespace {
+
+constexpr uint32_t kGgmlQ4K = 12, kGgmlQ6K = 14;  // ggml type ids
+
+uint32_t GgmlType(KFormat f) { return f == KFormat::kQ4K ? kGgmlQ4K : kGgmlQ6K; }
+
+void PutF16(uint8_t* p, float v) {
+  const uint16_t h = F32ToF16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin.
+std::vector<uint8_t> RandomBlocks(KFormat f, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.02f);
+  const int64_t sb = KSuperBytes(f), n = rows * (cols / kKSuper);
+  std::vector<uint8_t> v(static_cast<size_t>(n * sb));
+  for (auto& b : v) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* x = v.data() + i * sb;
+    if (f == KFormat::kQ4K) {
+      PutF16(x, scale(rng));
+      PutF16(x + 2, scale(rng));
+    } else {
+      PutF16(x + 208, scale(rng));
+    }
+  }
+  return v;
+}
+
+KMatrix Pack(KFormat f, const std::vector<uint8_t>& src, int64_t rows, int64_t cols) {
+  KMatrix m = NewKMatrix(f, rows, cols);
+  EXPECT_TRUE(PackKTiles(src.data(), 0, m.tiles(), &m).ok());
+  return m;
+}
+
+class KFormatTest : public ::testing::TestWithParam<KFormat> {};
+
+TEST_P(KFormatTest, ByteOffsetsAreABijection) {
+  const KFormat f = GetParam();
+  std::vector<int> hits(static_cast<size_t>(KBlockBytes(f)), 0);
+  for (int64_t o = 0; o < kKTile; ++o) {
+    for (int64_t b = 0; b < KSuperBytes(f); ++b) {
+      const int64_t off = KByteOffset(f, o, b);
+      ASSERT_GE(off, 0);
+      ASSERT_LT(off, KBlockBytes(f));
+      ++hits[static_cast<size_t>(off)];
+    }
+  }
+  for (int h : hits) ASSERT_EQ(h, 1);
+}
+
+TEST_P(KFormatTest, PackIsAPermutationThatUnpackRestores) {
+  const KFormat f = GetParam();
+  for (int64_t rows : {1, 15, 16, 17, 40}) {
+    for (int64_t cols : {256, 768}) {
+      const auto src = RandomBlocks(f, rows, cols, static_cast<uint32_t>(rows * 7 + cols));
+      const KMatrix m = Pack(f, src, rows, cols);
+      ASSERT_EQ(m.tiles(), (rows + 15) / 16);
+      ASSERT_EQ(m.data.size(), static_cast<size_t>(m.tiles() * m.supers() * KBlockBytes(f)));
+      EXPECT_EQ(m.bytes(), src.size());
+      EXPECT_EQ(UnpackK(m), src);
+      // The packed bytes are the file's bytes plus zero padding rows: same multiset of values.
+      std::vector<int64_t> count_src(256, 0), count_packed(256, 0);
+      for (uint8_t b : src) ++count_src[b];
+      for (uint8_t b : m.data) ++count_packed[b];
+      count_packed[0] -= (m.tiles() * kKTile - rows) * m.supers() * KSuperBytes(f);
+      EXPECT_EQ(count_src, count_packed);
+    }
+  }
+}
+
+TEST_P(KFormatTest, PackedRowsDequantizeLikeTheGgufReader) {
+  const KFormat f = GetParam();
+  const int64_t rows = 19, cols = 512;
+  const auto src = RandomBlocks(f, rows, cols, 3);
+  const KMatrix m = Pack(f, src, rows, cols);
+  std::vector<float> a(cols), b(cols);
+  for (int64_t o = 0; o < rows; ++o) {
+    ASSERT_TRUE(DequantizeRow(GgmlType(f), src.data() + o * (src.size() / rows), a.data(), cols).ok());
+    DequantizeKRow(m, o, b.data());
+    ASSERT_EQ(a, b) << "row " << o;  // bit-identical
+  }
+}
+
+TEST_P(KFormatTest, NonFiniteScaleIsRejectedWithItsRow) {
+  const KFormat f = GetParam();
+  auto src = RandomBlocks(f, 20, 256, 4);
+  PutF16(src.data() + 17 * KSuperBytes(f) + (f == KFormat::kQ4K ? 2 : 208), INFINITY);
+  KMatrix m = NewKMatrix(f, 20, 256);
+  const Status st = PackKTiles(src.data(), 0, m.tiles(), &m);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("row 17"), std::string::npos) << st.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, KFormatTest, ::testing::Values(KFormat::kQ4K, KFormat::kQ6K),
+                         [](const auto& info) { return std::string(KFormatName(info.param)); });
+
+std::vector<float> RandomActs(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.5f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+QActs Quantize(const std::vector<float>& x, int64_t n, int64_t cols) {
+  QActs a;
+  a.Resize(n, cols);
+  ref::QuantizeActs(x.data(), n, cols, a.q.data(), a.scales.data());
+  a.ComputeSums(0, n);
+  return a;
+}
+
+// sum_i |w_i x_i| for output o, row r: the scale of the rounding error of any summation order.
+double AbsDot(const KMatrix& m, int64_t o, const QActs& a, int64_t r) {
+  std::vector<float> w(static_cast<size_t>(m.cols));
+  DequantizeKRow(m, o, w.data());
+  double s = 0;
+  for (int64_t i = 0; i < m.cols; ++i) {
+    s += std::fabs(w[i] * a.q[r * m.cols + i] * a.scales[r * (m.cols / kActGroup) + i / kActGroup]);
+  }
+  return s;
+}
+
+struct KCase {
+  CpuVariant cpu;
+  KFormat format;
+};
+
+class KKernelTest : public ::testing::TestWithParam<KCase> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupports(GetParam().cpu)) {
+      GTEST_SKIP() << CpuVariantName(GetParam().cpu) << " (VNNI for avx512) not supported on this CPU: skipped";
+    }
+  }
+};
+
+TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
+  const auto [cpu, f] = GetParam();
+  const KernelTable& k = GetKernels(cpu);
+  // Outputs not multiples of the 16-row tile, 1..13 activation rows (passes of 4 within groups
+  // of 8, and a second group), tile ranges that start after 0 and stop before the end.
+  for (int64_t cols : {256, 768}) {
+    for (int64_t out : {1, 15, 17, 50}) {
+      const auto src = RandomBlocks(f, out, cols, static_cast<uint32_t>(out * 13 + cols));
+      const KMatrix m = Pack(f, src, out, cols);
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+        const QActs a = Quantize(RandomActs(n * cols, static_cast<uint32_t>(n * 5 + cols)), n, cols);
+        const int64_t t0 = m.tiles() > 2 ? 1 : 0, t1 = m.tiles() > 3 ? m.tiles() - 1 : m.tiles();
+        const int64_t o0 = t0 * kKTile, o1 = std::min(out, t1 * kKTile);
+        std::vector<float> y_ref(n * out, -1.0f), y(n * out, -1.0f);
+        ref::MatmulKInt(m, a, n, y_ref.data(), out, o0, o1);
+        k.matmul_k[static_cast<int>(f)](m, a, n, y.data(), out, t0, t1);
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t o = 0; o < out; ++o) {
+            const float want = y_ref[r * out + o], got = y[r * out + o];
+            if (o < o0 || o >= o1) {
+              ASSERT_EQ(got, -1.0f) << "wrote outside its tile range: o " << o;
+            } else {
+              ASSERT_NEAR(got, want, 2e-6 * AbsDot(m, o, a, r) + 1e-6)
+                  << KFormatName(f) << " cols " << cols << " out " << out << " n " << n << " r " << r << " o " << o;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KKernelTest, FusedGluMatchesReference) {
+  const auto [cpu, f] = GetParam();
+  const KernelTable& k = GetKernels(cpu);
+  const int64_t cols = 512;
+  for (GluAct act : {GluAct::kSilu, GluAct::kGeluTanh}) {
+    for (int64_t out : {7, 33}) {
+      const KMatrix g = Pack(f, RandomBlocks(f, out, cols, 21 + static_cast<uint32_t>(out)), out, cols);
+      const KMatrix u = Pack(f, RandomBlocks(f, out, cols, 22 + static_cast<uint32_t>(out)), out, cols);
+      for (int64_t n : {1, 3, 8, 11}) {
+        const QActs a = Quantize(RandomActs(n * cols, 23 + static_cast<uint32_t>(n)), n, cols);
+        std::vector<float> y_ref(n * out), y(n * out, -1.0f), yg(n * out), yu(n * out);
+        ref::MatmulKIntGlu(g, u, a, n, act, y_ref.data(), out, 0, out);
+        ref::MatmulKInt(g, a, n, yg.data(), out, 0, out);
+        ref::MatmulKInt(u, a, n, yu.data(), out, 0, out);
+        k.matmul_k_glu[static_cast<int>(f)](g, u, a, n, act, y.data(), out, 0, g.tiles());
+        for (int64_t i = 0; i < n * out; ++i) {
+          // The products' rounding (2e-6 of sum |w x|, as in the matmul test) propagates through
+          // act(g) * u (|act'| <= 1.2); the vector tanh-GELU also rounds 1 + tanh(z) to 0 for
+          // gates below about -5 (float cancellation; ref uses std::tanh): 1e-6 * |g| * |u|.
+          const int64_t r = i / out, o = i % out;
+          const double eg = 2e-6 * AbsDot(g, o, a, r) + 1e-6, eu = 2e-6 * AbsDot(u, o, a, r) + 1e-6;
+          const double tol = 1e-4 * (1.0 + std::fabs(y_ref[i])) + 1.2 * eg * std::fabs(yu[i]) +
+                             eu * (1.0 + std::fabs(yg[i])) + 1e-6 * (1.0 + std::fabs(yg[i])) * std::fabs(yu[i]);
+          ASSERT_NEAR(y[i], y_ref[i], tol) << KFormatName(f) << " out " << out << " n " << n;
+        }
+      }
+    }
+  }
+}
+
+std::vector<KCase> AllCases() {
+  std::vector<KCase> v;
+  for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
+    for (KFormat f : {KFormat::kQ4K, KFormat::kQ6K}) v.push_back({c, f});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, KKernelTest, ::testing::ValuesIn(AllCases()), [](const auto& info) {
+  return std::string(CpuVariantName(info.param.cpu)) + "_" + KFormatName(info.param.format);
+});
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,44 @@
+// The weight-matrix abstraction of the fast path: one matrix in the format its kernels read,
+// with the format tag deciding the kernel. Q8/g64 (q8.h) is the converted format, for every
+// GGUF type; Q4_K and Q6_K (kquant.h) keep the file's own words, only reordered into tiles.
+// A new format adds a tag, a member and a case here (and its kernels in KernelTable); callers
+// (the model's forward pass) only see tiles, bytes and these entry points.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kquant.h"
+#include "kernels/ops.h"
+#include "kernels/q8.h"
+
+namespace mr {
+
+enum class WeightFormat : uint8_t { kQ8G64 = 0, kQ4K = 1, kQ6K = 2 };
+const char* WeightFormatName(WeightFormat f);
+
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::kQ8G64;
+  QMatrix q8;  // format kQ8G64 (packed)
+  KMatrix k;   // formats kQ4K, kQ6K
+
+  bool native() const { return format != WeightFormat::kQ8G64; }
+  int64_t rows() const { return native() ? k.rows : q8.rows; }
+  int64_t cols() const { return native() ? k.cols : q8.cols; }
+  // Units of kernel work (8 outputs for Q8/g64, 16 for the K-quants): threads split an op by tiles.
+  int64_t tiles() const { return native() ? k.tiles() : q8.tiles(); }
+  size_t bytes() const { return native() ? k.bytes() : q8.bytes(); }  // weight bytes read per use
+};
+
+// y[r * ldy + o] = sum_i w[o][i] * xdeq[r][i] for rows r < n_rows and the outputs of tiles
+// [t_begin, t_end), by the format's kernel. x: quantized activations (QActs::ComputeSums done
+// when w is native).
+void MatmulTiles(const KernelTable& kt, const WeightMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy,
+                 int64_t t_begin, int64_t t_end);
+// y[r * ldy + o] = act(gate·x) * (up·x). gate and up must have the same format and shape.
+void MatmulGluTiles(const KernelTable& kt, const WeightMatrix& gate, const WeightMatrix& up, const QActs& x,
+                    int64_t n_rows, GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+// Output row o dequantized into dst[cols] (embedding lookup).
+void DequantizeWeightRow(const WeightMatrix& w, int64_t o, float* dst);
+
+}  // namespace mr

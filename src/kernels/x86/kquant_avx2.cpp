@@ -1,0 +1,227 @@
+// AVX2 kernels of the native K-quant formats (kquant.h), for CPUs without AVX-512 VNNI. A tile
+// of 16 outputs is two halves of 8: half h reads bytes [32h, 32h + 32) of every 64-byte chunk
+// (rows 8h..8h+7), with the 8 outputs in the 8 lanes of one register. Both halves run per
+// super-block, so the block is read from memory once. Compiled with -mavx2 -mfma -mf16c.
+//
+// Q4_K: vpmaddubsw (u8 nibbles x s8 activations; a pair of products <= 2 * 15 * 127) summed in
+// int16 over a 32-input sub-block (8 of them: <= 30480, no overflow), then vpmaddwd by the
+// (sc, sc) pair gives sc * sum in int32: the 6-bit scale costs no FP op. The minimum term
+// dmin * m * sum(x) uses the activation sums (QActs::sums32).
+// Q6_K: 6-bit quants as u8 in [0, 63]; vpmaddubsw, then vpmaddwd by the int8 sub-block scale
+// pair; the -32 offset is 32 * sc * sum(x) per sub-block (QActs::sums16), also with vpmaddwd.
+#include "kernels/x86/kquant_tile_impl.h"
+
+#include "kernels/x86/kernels_x86.h"
+
+namespace {
+
+constexpr int kPass = 4;  // activation rows per pass over a half super-block
+
+inline __m256i Bcast4(const void* p) { return _mm256_set1_epi32(Load4(p)); }
+
+// 8 int8 -> 8 int32.
+inline __m256i WidenS8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K
+
+struct Q4KHalf {
+  __m256 d;
+  __m256i scp[8];  // (sc, sc) pairs per sub-block
+  __m256 dmm[8];   // dmin * min per sub-block
+};
+
+// Scales of rows 8h..8h+7 of a Q4_K tile block (ggml get_scale_min_k4 on 8 rows at a time).
+struct Q4K {
+  static constexpr KFormat kFormat = KFormat::kQ4K;
+  using Scales = Q4KHalf;
+
+  static void Decode(const uint8_t* blk, int h, Q4KHalf* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+    __m128i p[12];
+    for (int j = 0; j < 12; ++j) p[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * h));
+    const __m128i m63 = _mm_set1_epi8(63), m0f = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
+    for (int j = 0; j < 8; ++j) {
+      __m128i sc, mn;
+      if (j < 4) {
+        sc = _mm_and_si128(p[j], m63);
+        mn = _mm_and_si128(p[j + 4], m63);
+      } else {
+        sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
+      }
+      const __m256i s32 = _mm256_cvtepu8_epi32(sc);
+      m->scp[j] = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+      m->dmm[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    }
+  }
+
+  template <int R>
+  static void Pass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* q = blk + 256 + 512 * k + 32 * h;
+      const int64_t i0 = s * kKSuper + 64 * k;
+      __m256i slo[R], shi[R];  // int16 sums per sub-block
+      for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
+  #pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
+        const __m256i lo = _mm256_and_si256(v, m0f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+  #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
+          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(x)));
+          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(x + 32)));
+        }
+      }
+  #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* xs = a.Xs(r0 + r);
+        const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
+        if constexpr (kActGroup == 64) {
+          const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ilo, ihi)), ds, acc[r]);
+        } else {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup])), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
+        }
+        const float* s32 = a.S32(r0 + r) + i0 / 32;
+        acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k], _mm256_set1_ps(s32[0]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k + 1], _mm256_set1_ps(s32[1]), acc[r]);
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K
+
+constexpr int kQ6Acc = kActGroup == 64 ? 2 : 4;  // int accumulators per row and 128-input half
+
+struct Q6KHalf {
+  __m256 d;
+  __m256i scp[16];  // (sc, sc) int16 pairs per sub-block
+  __m256i offp[8];  // (sc[2p], sc[2p+1]) pairs
+};
+
+struct Q6K {
+  static constexpr KFormat kFormat = KFormat::kQ6K;
+  using Scales = Q6KHalf;
+
+  static void Decode(const uint8_t* blk, int h, Q6KHalf* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    __m256i v[16];
+    for (int j = 0; j < 16; ++j) {
+      v[j] = WidenS8(blk + 32 + 16 * j + 8 * h);
+      m->scp[j] = _mm256_or_si256(_mm256_and_si256(v[j], lo16), _mm256_slli_epi32(v[j], 16));
+    }
+    for (int p = 0; p < 8; ++p) m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
+  }
+
+  template <int R>
+  static void Pass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int n = 0; n < 2; ++n) {
+      const int64_t i0 = s * kKSuper + 128 * n;
+      __m256i iacc[kQ6Acc][R];
+      for (int j = 0; j < kQ6Acc; ++j) {
+        for (int r = 0; r < R; ++r) iacc[j][r] = _mm256_setzero_si256();
+      }
+  #pragma GCC unroll 2
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* g = blk + 288 + (8 * n + c) * 192 + 32 * h;
+        const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+        const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 64));
+        const __m256i vh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 128));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(va, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(vb, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(va, 4), m0f), _mm256_and_si256(vh, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vb, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
+        const int sub = 8 * n + c / 4;
+  #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
+  #pragma GCC unroll 4
+          for (int mm = 0; mm < 4; ++mm) {
+            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
+            __m256i& ia = iacc[mm * kQ6Acc / 4][r];
+            ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, m.scp[sub + 2 * mm]));
+          }
+        }
+      }
+  #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
+        __m256i off[kQ6Acc];
+        for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm256_setzero_si256();
+        for (int mm = 0; mm < 4; ++mm) {
+          off[mm * kQ6Acc / 4] = _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
+        }
+        const float* xs = a.Xs(r0 + r);
+        for (int j = 0; j < kQ6Acc; ++j) {
+          const __m256i v = _mm256_sub_epi32(iacc[j][r], _mm256_slli_epi32(off[j], 5));
+          const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[(i0 + j * (128 / kQ6Acc)) / kActGroup]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), ds, acc[r]);
+        }
+      }
+    }
+  }
+};
+
+// The tile kernel of format F (Q4K, Q6K): per super-block and half tile, F's scales are decoded
+// once, then the rows run in passes of up to kPass against the block while it is in L1.
+template <class F>
+struct KTile {
+  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
+    __m256 acc[2][kKRows];
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < nr; ++r) acc[h][r] = _mm256_setzero_ps();
+    }
+    typename F::Scales m;
+    for (int64_t s = 0; s < w.supers(); ++s) {
+      const uint8_t* blk = w.block(t, s);
+      PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
+      for (int h = 0; h < 2; ++h) {
+        F::Decode(blk, h, &m);
+        for (int r0 = 0; r0 < nr; r0 += kPass) {
+          switch (nr - r0 < kPass ? nr - r0 : kPass) {
+            case 1: F::template Pass<1>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 2: F::template Pass<2>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 3: F::template Pass<3>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            default: F::template Pass<4>(blk, h, m, a, s, r0, acc[h] + r0); break;
+          }
+        }
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      _mm256_store_ps(out[r], acc[0][r]);
+      _mm256_store_ps(out[r] + 8, acc[1][r]);
+    }
+  }
+};
+
+}  // namespace
+
+namespace mr::x86 {
+
+void MatmulQ4KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKTiles<KTile<Q4K>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ4KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                      int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q4K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKTiles<KTile<Q6K>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ6KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                      int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+
+}  // namespace mr::x86

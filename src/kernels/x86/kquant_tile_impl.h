@@ -1,0 +1,128 @@
+// Shared driver of the x86 native K-quant kernels (kquant.h), included by kquant_avx2.cpp and
+// kquant_avx512.cpp after they define, per format, a tile kernel
+//   struct Tile { static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr,
+//                                 float (*out)[kKTile]); };
+// which writes the 16 outputs of tile t for activation rows 0..nr-1 (nr <= kKRows) of `a`.
+// Everything sits in an anonymous namespace, so each ISA's translation unit compiles its own
+// copy with its own flags.
+//
+// Row blocking: a tile kernel keeps up to kKRows = 8 rows' accumulators across the tile and runs
+// its passes of rows per super-block, so a super-block's weights (2304 or 3360 bytes) and its
+// decoded scales stay in L1 for every row: decode and 1-8-row verify read each weight byte from
+// memory once. With more rows (prefill) tiles are taken in L2-sized chunks and each group of
+// 8 rows runs over the chunk while it is in L2.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/kquant.h"
+#include "kernels/ops.h"
+#include "kernels/q8.h"
+#include "kernels/x86/vec_math.h"
+
+namespace {
+
+using mr::kActGroup;
+using mr::KFormat;
+using mr::KMatrix;
+using mr::kKSuper;
+using mr::kKTile;
+using mr::QActs;
+
+constexpr int kKRows = 8;                       // activation rows per tile visit
+constexpr int64_t kKChunkBytes = 96 * 1024;     // weight bytes per L2-resident chunk of tiles
+// Software prefetch distance in the weight stream (0: none, the default). A burst of prefetches
+// per super-block 4 KiB ahead cost ~20% more CPU per decode token on Qwen2.5-Coder-1.5B (Zen 4,
+// mererun_kbench: 96-98 vs 76-79 ms CPU/token): it fills the miss buffers that the hardware
+// prefetcher, which follows this purely sequential stream well, would use anyway.
+#ifndef MR_KPREFETCH
+#define MR_KPREFETCH 0
+#endif
+constexpr int64_t kKPrefetchBytes = MR_KPREFETCH;
+
+// Rows of quantized activations as the tile kernels read them (row r at q + r * cols, ...).
+struct ActRows {
+  const int8_t* q;     // (rows, cols)
+  const float* xs;     // (rows, cols / kActGroup)
+  const int16_t* s16;  // (rows, cols / 16)
+  const float* s32;    // (rows, cols / 32)
+  int64_t cols;
+  const int8_t* Q(int r) const { return q + r * cols; }
+  const float* Xs(int r) const { return xs + r * (cols / kActGroup); }
+  const int16_t* S16(int r) const { return s16 + r * (cols / 16); }
+  const float* S32(int r) const { return s32 + r * (cols / 32); }
+};
+
+inline ActRows RowsOf(const QActs& x, int64_t r0) {
+  return {x.q.data() + r0 * x.cols, x.scales.data() + r0 * (x.cols / kActGroup), x.sums16.data() + r0 * (x.cols / 16),
+          x.sums32.data() + r0 * (x.cols / 32), x.cols};
+}
+
+inline int32_t Load4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Prefetches the 64-byte lines of [p, p + n) kKPrefetchBytes ahead.
+inline void PrefetchAhead(const uint8_t* p, int64_t n) {
+  if (kKPrefetchBytes == 0) return;
+  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kKPrefetchBytes + i), _MM_HINT_T0);
+}
+
+inline void StoreKTile(const float* out, int64_t rows, int64_t t, float* y) {
+  const int64_t o0 = t * kKTile, n = rows - o0 < kKTile ? rows - o0 : kKTile;
+  std::memcpy(y + o0, out, static_cast<size_t>(n) * sizeof(float));
+}
+
+inline int64_t KChunkTiles(const KMatrix& w, int64_t n_mats) {
+  const int64_t per_tile = w.supers() * mr::KBlockBytes(w.format) * n_mats;
+  const int64_t c = kKChunkBytes / per_tile;
+  return c < 1 ? 1 : c;
+}
+
+// Calls visit(t, a, r0, nr) for every tile of [t_begin, t_end) and group of up to kKRows rows
+// (a = rows r0.. of x): one streaming pass for <= kKRows rows, L2 chunks of tiles beyond.
+template <class Visit>
+void ForEachTileRows(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_t t_begin, int64_t t_end, Visit visit) {
+  const int64_t chunk = n_rows <= kKRows ? t_end - t_begin : chunk_tiles;
+  for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk) {
+    const int64_t c1 = c0 + chunk < t_end ? c0 + chunk : t_end;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kKRows) {
+      const int nr = static_cast<int>(n_rows - r0 < kKRows ? n_rows - r0 : kKRows);
+      const ActRows a = RowsOf(x, r0);
+      for (int64_t t = c0; t < c1; ++t) visit(t, a, r0, nr);
+    }
+  }
+}
+
+template <class Tile>
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+  alignas(64) float out[kKRows][kKTile];
+  ForEachTileRows(x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
+    Tile::Run(w, t, a, nr, out);
+    for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
+  });
+}
+
+template <class Tile>
+void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, mr::GluAct act, float* y,
+                     int64_t ldy, int64_t t_begin, int64_t t_end) {
+  alignas(64) float og[kKRows][kKTile];
+  alignas(64) float ou[kKRows][kKTile];
+  ForEachTileRows(x, n_rows, KChunkTiles(gate, 2), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
+    Tile::Run(gate, t, a, nr, og);
+    Tile::Run(up, t, a, nr, ou);
+    for (int r = 0; r < nr; ++r) {
+      for (int h = 0; h < kKTile; h += 8) {
+        _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
+      }
+      StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
+    }
+  });
+}
+
+}  // namespace
