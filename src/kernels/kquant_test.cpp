@@ -13,14 +13,9 @@
 #include "kernels/kquant.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
-#include "model/dequant.h"
 
 namespace mr {
 namespace {
-
-constexpr uint32_t kGgmlQ4K = 12, kGgmlQ6K = 14;  // ggml type ids
-
-uint32_t GgmlType(KFormat f) { return f == KFormat::kQ4K ? kGgmlQ4K : kGgmlQ6K; }
 
 void PutF16(uint8_t* p, float v) {
   const uint16_t h = F32ToF16(v);
@@ -96,7 +91,8 @@ TEST_P(KFormatTest, PackedRowsDequantizeLikeTheGgufReader) {
   const KMatrix m = Pack(f, src, rows, cols);
   std::vector<float> a(cols), b(cols);
   for (int64_t o = 0; o < rows; ++o) {
-    ASSERT_TRUE(DequantizeRow(GgmlType(f), src.data() + o * (src.size() / rows), a.data(), cols).ok());
+    // The GGUF reader (model/dequant.cpp) dequantizes K-quant rows with DequantizeKBlocks.
+    DequantizeKBlocks(f, src.data() + o * (src.size() / rows), a.data(), cols / kKSuper);
     DequantizeKRow(m, o, b.data());
     ASSERT_EQ(a, b) << "row " << o;  // bit-identical
   }
