@@ -18,8 +18,9 @@ void AddModelOptions(CLI::App& app, ModelArgs* a) {
   app.add_option("--weights", a->weights,
                  "fast-path weights: native (Q4_K/Q6_K keep the file's own words) or q8g64 (every matrix "
                  "converted to Q8/g64); default MERERUN_WEIGHTS, else native")
-      ->transform(CLI::CheckedTransformer(kWeightModes, CLI::ignore_case))
-      ->type_name("native|q8g64");
+      ->transform(CLI::CheckedTransformer(kWeightModes, CLI::ignore_case).description(""))
+      ->type_name("native|q8g64")
+      ->default_str(WeightModeName(a->weights));
 }
 
 namespace {
