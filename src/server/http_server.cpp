@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+// The default listen backlog of 5 drops SYNs in a burst of clients, which then retry after 1 s.
+#define CPPHTTPLIB_LISTEN_BACKLOG 4096
 #include <httplib.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
