@@ -60,6 +60,11 @@ int CmdServe(const Args& args) {
       ->check(InRange(0LL, 1LL << 30));
   app.add_flag("--no-warmup", no_warmup, "skip the warm-up generation before the port opens");
   app.add_option("--max-body-bytes", max_body, "largest request body")->check(AtLeast(1024LL));
+  app.add_option("--max-connections", sopts.max_connections, "open connections; one more gets an immediate 503")
+      ->check(AtLeast(1));
+  app.add_option("--header-timeout-ms", sopts.header_timeout_ms, "time for a request's head to arrive")
+      ->check(AtLeast(100));
+  app.add_option("--body-timeout-ms", sopts.body_timeout_ms, "time for a request's body to arrive")->check(AtLeast(100));
   app.add_option("--max-output-tokens", max_output, "cap on max_tokens per request (0: context only)")
       ->check(AtLeast(0LL));
   CLI::Option* temp_opt =
@@ -72,9 +77,6 @@ int CmdServe(const Args& args) {
   sopts.allow_hosts = NonEmpty(std::move(allow_hosts));
   sopts.allow_origins = NonEmpty(std::move(allow_origins));
   sopts.max_body_bytes = static_cast<size_t>(max_body);
-  // Every admitted or queued request holds a connection thread while it waits; the spare ones
-  // answer /health, /metrics, count_tokens and the 429/529 refusals under load.
-  sopts.http_threads = max_active + max_queue + 16;
   auto signing_key = server::LoadOrCreateSigningKey(signing_key_file);
   if (!signing_key.ok()) {
     std::fprintf(stderr, "mererun serve: %s (--signing-key-file PATH chooses another file)\n",

@@ -14,12 +14,17 @@ Scheduler::Scheduler(const Limits& limits) : limits_(limits) {
 }
 
 Admit Scheduler::Submit(SeqId id, int64_t prompt_tokens) {
-  if (!ready_) return Admit::kOverloaded;
-  // Requests waiting for a free slot do not count against the queue: the next Plan takes them.
-  if (static_cast<int>(active_.size() + queue_.size()) >= limits_.max_active + limits_.max_queued) return Admit::kQueueFull;
+  if (const Admit a = Peek(); a != Admit::kQueued) return a;
   if (queued_tokens_ + prompt_tokens > limits_.max_queued_tokens && !queue_.empty()) return Admit::kOverloaded;
   queue_.push_back(Seq{id, std::max<int64_t>(prompt_tokens, 1), 0, false, arrivals_++, 0});
   queued_tokens_ += queue_.back().prompt_left;
+  return Admit::kQueued;
+}
+
+Admit Scheduler::Peek() const {
+  if (!ready_) return Admit::kOverloaded;
+  // Requests waiting for a free slot do not count against the queue: the next Plan takes them.
+  if (static_cast<int>(active_.size() + queue_.size()) >= limits_.max_active + limits_.max_queued) return Admit::kQueueFull;
   return Admit::kQueued;
 }
 

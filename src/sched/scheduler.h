@@ -60,6 +60,9 @@ class Scheduler {
   bool ready() const { return ready_; }
 
   Admit Submit(SeqId id, int64_t prompt_tokens);
+  // What Submit would answer now for a prompt of unknown length (admits nothing): an early
+  // refusal for a full scheduler before any work is spent on the request.
+  Admit Peek() const;
   // Queued: removed at once (returns true: nothing to free). Active: dropped by the next Plan.
   bool Cancel(SeqId id);
   void Finish(SeqId id);  // the engine finished the sequence (stop, error): frees its slot

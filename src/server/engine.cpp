@@ -230,6 +230,15 @@ SubmitResult Engine::Submit(std::shared_ptr<EngineJob> job) {
   return {};
 }
 
+SubmitResult Engine::Precheck() const {
+  const Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  if (im.state == EngineState::kStopping) return {sched::Admit::kOverloaded, 1};
+  const sched::Admit a = im.sched.Peek();
+  if (a != sched::Admit::kQueued) return {a, im.sched.RetryAfterSeconds(im.prefill_tps)};
+  return {};
+}
+
 EngineStatus Engine::Status() const {
   const Impl& im = *impl_;
   std::lock_guard<std::mutex> lock(im.mu);

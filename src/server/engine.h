@@ -124,6 +124,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   SubmitResult Submit(std::shared_ptr<EngineJob> job);
+  // What Submit would answer now, without submitting: an early 429/529 before a request is parsed.
+  SubmitResult Precheck() const;
   void CancelAll();  // cancels running and queued jobs (they end as cancelled)
   // Shutdown, first half: refuse new requests (529) and wait until the admitted ones are done or
   // `deadline` passes. True when everything finished in time.

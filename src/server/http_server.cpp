@@ -1,8 +1,5 @@
 #include "server/http_server.h"
 
-// The default listen backlog of 5 drops SYNs in a burst of clients, which then retry after 1 s.
-#define CPPHTTPLIB_LISTEN_BACKLOG 4096
-#include <httplib.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
@@ -13,6 +10,7 @@
 #include "base/log.h"
 #include "server/anthropic_api.h"
 #include "server/connection.h"
+#include "server/http_transport.h"
 #include "server/openai_api.h"
 
 namespace mr::server {
@@ -27,10 +25,10 @@ Api ApiOfPath(const std::string& path) {
   return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 ? Api::kOpenAI : Api::kAnthropic;
 }
 
-void SetError(httplib::Response& res, Api api, const ApiError& e) {
+void SetError(HttpResponse& res, Api api, const ApiError& e) {
   res.status = HttpStatus(e.type);
-  if (e.retry_after_s > 0) res.set_header("retry-after", std::to_string(e.retry_after_s));
-  res.set_content(api == Api::kOpenAI ? OpenAIErrorBody(e) : AnthropicErrorBody(e), "application/json");
+  if (e.retry_after_s > 0) res.SetHeader("retry-after", std::to_string(e.retry_after_s));
+  res.SetContent(api == Api::kOpenAI ? OpenAIErrorBody(e) : AnthropicErrorBody(e), "application/json");
 }
 
 // Long text (request bodies, prompts) to stderr at debug level, untruncated.
@@ -49,7 +47,7 @@ Outcome OutcomeOfStatus(int status) {
   if (status == 529) return Outcome::kOverloaded;
   if (status >= 500) return Outcome::kError;
   if (status >= 400) return Outcome::kInvalid;
-  return Outcome::kOk;  // also -1: the handler left the status to the library (200)
+  return Outcome::kOk;
 }
 
 void CountRequest(ServerMetrics* m, Api api, Outcome o) {
@@ -151,7 +149,7 @@ bool ApiKeyMatches(const std::string& presented, const std::string& expected) {
 struct HttpServer::Impl {
   ServedModel sm;
   ServerOptions opts;
-  httplib::Server svr;
+  std::unique_ptr<HttpTransport> transport;
 
   // Per-request state shared between the handler and the streaming provider.
   struct Pending {
@@ -171,8 +169,8 @@ struct HttpServer::Impl {
   }
 
   // Submits the prepared chat; on error the response is already set.
-  bool Submit(httplib::Response& res, Api api, const httplib::Request& req, PreparedChat prepared, Pending* p) {
-    p->fd = FindConnectionSocket(req.remote_addr, req.remote_port, req.local_port);
+  bool Submit(HttpResponse& res, Api api, const HttpRequest& req, PreparedChat prepared, Pending* p) {
+    p->fd = req.fd;
     if (auto e = StartChat(sm, std::move(prepared), p->channel, &p->job)) {
       SetError(res, api, *e);
       return false;
@@ -210,69 +208,67 @@ struct HttpServer::Impl {
   // request (its usage then has the real cache counts), with pings while it is queued (the
   // official SDKs skip pings wherever they come); otherwise the writer's start goes out at once.
   template <typename Writer>
-  void Stream(httplib::Response& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings,
+  void Stream(HttpResponse& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings,
               std::shared_ptr<RequestCount> count) {
     const int ping_ms = opts.ping_interval_ms;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [p, w, pings, ping_ms, count](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
-          auto cancel = [&] {
-            MR_LOGI("http", "client went away during a stream; cancelling its generation");
-            p->job->Cancel();
-            return false;
-          };
-          // cpp-httplib 0.11 calls the provider outside any try block: an exception here would
-          // end the process. A failure ends this stream (and its generation) only.
-          try {
-            bool started = !pings;
-            if (started && !send(w->Start())) return cancel();
-            auto last_write = Clock::now();
-            for (;;) {
-              StreamEvent ev;
-              if (p->channel->Pop(&ev, std::chrono::milliseconds(100))) {
-                if (!started) {
-                  // kStarted carries the counts; an end before it (cancelled or refused while
-                  // queued) still opens the message first.
-                  if (ev.kind == StreamEvent::Kind::kStarted) w->Event(ev);
-                  if (!send(w->Start()) || !send(AnthropicWriter::Ping())) return cancel();
-                  started = true;
-                  last_write = Clock::now();
-                  if (ev.kind == StreamEvent::Kind::kStarted) continue;
-                }
-                const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
-                const std::string s = w->Event(ev);
-                if (!send(s)) return cancel();
-                if (!s.empty()) last_write = Clock::now();
-                if (end) {
-                  if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
-                  sink.done();
-                  return true;
-                }
-              } else {
-                if (PeerClosed(p->fd)) return cancel();
-                if (pings && Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
-                  if (!send(AnthropicWriter::Ping())) return cancel();
-                  last_write = Clock::now();
-                }
-              }
+    res.SetHeader("Cache-Control", "no-cache");
+    res.content_type = "text/event-stream";
+    res.stream = [p, w, pings, ping_ms, count](const BodyWriter& write) {
+      auto send = [&](const std::string& s) { return s.empty() || write(s); };
+      auto cancel = [&] {
+        MR_LOGI("http", "client went away during a stream; cancelling its generation");
+        p->job->Cancel();
+        return false;
+      };
+      // A failure ends this stream (and its generation) only.
+      try {
+        bool started = !pings;
+        if (started && !send(w->Start())) return cancel();
+        auto last_write = Clock::now();
+        for (;;) {
+          StreamEvent ev;
+          if (p->channel->Pop(&ev, std::chrono::milliseconds(100))) {
+            if (!started) {
+              // kStarted carries the counts; an end before it (cancelled or refused while
+              // queued) still opens the message first.
+              if (ev.kind == StreamEvent::Kind::kStarted) w->Event(ev);
+              if (!send(w->Start()) || !send(AnthropicWriter::Ping())) return cancel();
+              started = true;
+              last_write = Clock::now();
+              if (ev.kind == StreamEvent::Kind::kStarted) continue;
             }
-          } catch (const std::exception& e) {
-            MR_LOGE("http", "stream failed: %s", e.what());
-            count->outcome = Outcome::kError;
-            p->job->Cancel();
-            return false;
+            const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
+            const std::string s = w->Event(ev);
+            if (!send(s)) return cancel();
+            if (!s.empty()) last_write = Clock::now();
+            if (end) {
+              if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
+              return true;
+            }
+          } else {
+            if (PeerClosed(p->fd)) return cancel();
+            if (pings && Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
+              if (!send(AnthropicWriter::Ping())) return cancel();
+              last_write = Clock::now();
+            }
           }
-        },
-        // Also when the provider never ran (the connection failed before the headers went out).
-        [p, count](bool success) {
-          if (!success) p->job->Cancel();
-        });
+        }
+      } catch (const std::exception& e) {
+        MR_LOGE("http", "stream failed: %s", e.what());
+        count->outcome = Outcome::kError;
+        p->job->Cancel();
+        return false;
+      }
+    };
+    // Also when the stream never ran (the head could not be written).
+    res.on_stream_end = [p](bool completed) {
+      if (!completed) p->job->Cancel();
+    };
   }
 
   // `count` (null for count_tokens) is told the outcome of a plain response here; a streamed one
   // tells its own.
-  void Messages(const httplib::Request& req, httplib::Response& res, bool count_only, std::shared_ptr<RequestCount> count) {
+  void Messages(const HttpRequest& req, HttpResponse& res, bool count_only, std::shared_ptr<RequestCount> count) {
     LogLong(("POST " + req.path + " body").c_str(), req.body);
     Json body;
     if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kAnthropic, *e);
@@ -286,7 +282,7 @@ struct HttpServer::Impl {
     if (auto e = PrepareChat(sm, std::move(chat), &prepared, !count_only)) return SetError(res, Api::kAnthropic, *e);
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
     if (count_only) {
-      res.set_content(Json({{"input_tokens", n_prompt}}).dump(), "application/json");
+      res.SetContent(Json({{"input_tokens", n_prompt}}).dump(), "application/json");
       return;
     }
     auto p = std::make_shared<Pending>();
@@ -298,10 +294,10 @@ struct HttpServer::Impl {
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kAnthropic, last.error);
     w->Event(last);
-    res.set_content(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    res.SetContent(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
-  void ChatCompletions(const httplib::Request& req, httplib::Response& res, std::shared_ptr<RequestCount> count) {
+  void ChatCompletions(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
     LogLong("POST /v1/chat/completions body", req.body);
     Json body;
     if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
@@ -320,11 +316,11 @@ struct HttpServer::Impl {
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
     w->Event(last);
-    res.set_content(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
   // GET /health: 200 with the engine's state when it accepts requests, else 503.
-  void Health(httplib::Response& res) const {
+  void Health(HttpResponse& res) const {
     const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
     const bool ready = st.state == EngineState::kReady;
     const char* status = ready ? "ok" : EngineStateName(st.state);
@@ -332,148 +328,150 @@ struct HttpServer::Impl {
                        {"queued", st.queued},      {"max_active", st.max_active}, {"max_queued", st.max_queued},
                        {"n_ctx", st.n_ctx}};
     res.status = ready ? 200 : 503;
-    res.set_content(body.dump(), "application/json");
+    res.SetContent(body.dump(), "application/json");
+  }
+
+  // On an I/O thread, for every request: the checks that refuse it, the cheap GETs, and an early
+  // 429/529 when the engine is full. Generation and count_tokens go on to Worker.
+  bool Quick(HttpRequest& req, HttpResponse& res) {
+    res.SetHeader("request-id", RandomId("req_"));
+    const Api api = ApiOfPath(req.path);
+    MR_LOGI("http", "%s %s", req.method.c_str(), req.target.c_str());
+    auto refuse = [&](const ApiError& e) {
+      SetError(res, api, e);
+      if (req.method == "POST" && IsGenerationPath(req.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
+      return true;
+    };
+    // DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
+    if (IsLoopbackBind(opts.host) && req.Has("Host") && !IsAllowedHostHeader(req.Header("Host"), opts.allow_hosts))
+      return refuse({ApiErrorType::kPermission, "Host '" + req.Header("Host") +
+                                                    "' is not a loopback name; this server only answers local clients "
+                                                    "(serve --allow-host NAME admits another name)"});
+    // Browsers send Origin on cross-origin requests (and on every POST): a web page the user
+    // opens must not drive the server unless --allow-origin names it. No page is served from
+    // here, so no Origin is ever our own.
+    if (req.Has("Origin")) {
+      const std::string origin = req.Header("Origin");
+      if (!IsAllowedOrigin(origin, opts.allow_origins))
+        return refuse({ApiErrorType::kPermission,
+                       "requests from web pages (Origin '" + origin + "') are refused; serve --allow-origin ORIGIN allows one"});
+      res.SetHeader("Access-Control-Allow-Origin", origin);
+      res.SetHeader("Vary", "Origin");
+      if (req.method == "OPTIONS") {  // CORS preflight of an allowed origin
+        res.SetHeader("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.SetHeader("Access-Control-Allow-Headers", req.Has("Access-Control-Request-Headers")
+                                                          ? req.Header("Access-Control-Request-Headers")
+                                                          : "content-type, x-api-key, authorization");
+        res.SetHeader("Access-Control-Max-Age", "600");
+        res.status = 204;
+        return true;
+      }
+    }
+    if (req.method == "HEAD") {
+      res.status = 200;
+      return true;
+    }
+    // Only JSON bodies: a form or text/plain POST is what a page can send without a preflight.
+    if (req.method == "POST" && !IsJsonContentType(req.Header("Content-Type")))
+      return refuse(InvalidRequest("Content-Type must be application/json, got '" + req.Header("Content-Type") + "'"));
+    // /health and /metrics answer without the key (as llama.cpp's /health does): probes and
+    // scrapers rarely carry one, and neither shows request content (docs/api.md).
+    const bool open_path = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+    if (!opts.api_key.empty() && !open_path) {
+      const std::string auth = req.Header("Authorization");
+      const std::string bearer = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
+      if (!ApiKeyMatches(req.Header("x-api-key"), opts.api_key) && !ApiKeyMatches(bearer, opts.api_key))
+        return refuse({ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
+    }
+    const bool post_route =
+        req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" || req.path == "/v1/chat/completions";
+    const bool get_route = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
+                           (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
+    if (!post_route && !get_route)
+      return refuse({ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
+    if (req.method != (post_route ? "POST" : "GET")) {
+      refuse({ApiErrorType::kNotFound, "method " + req.method + " is not allowed on " + req.path});
+      res.status = 405;
+      res.SetHeader("Allow", post_route ? "POST" : "GET, HEAD");
+      return true;
+    }
+    if (req.path == "/health") {
+      Health(res);
+    } else if (req.path == "/metrics") {
+      static const ServerMetrics kNone;
+      const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
+      res.SetContent(RenderPrometheus(sm.metrics != nullptr ? *sm.metrics : kNone, st) +
+                         "# HELP mererun_http_connections_open Open HTTP connections (this one included).\n"
+                         "# TYPE mererun_http_connections_open gauge\nmererun_http_connections_open " +
+                         std::to_string(transport->open_connections()) + "\n",
+                     "text/plain; version=0.0.4; charset=utf-8");
+    } else if (req.path == "/v1/models") {
+      const Json body = {{"object", "list"},  {"data", Json::array({ModelEntry()})}, {"has_more", false},
+                         {"first_id", sm.id}, {"last_id", sm.id}};
+      res.SetContent(body.dump(), "application/json");
+    } else if (get_route) {
+      res.SetContent(ModelEntry().dump(), "application/json");  // any id names the served model
+    } else if (IsGenerationPath(req.path) && sm.engine != nullptr) {
+      // A full engine refuses here, before the body is parsed or a thread started, so a burst
+      // is refused at once; Submit checks again (this is only an early answer).
+      const SubmitResult pre = sm.engine->Precheck();
+      if (pre.admit == sched::Admit::kQueueFull)
+        return refuse({ApiErrorType::kRateLimit, "too many queued requests; retry later", pre.retry_after_s});
+      if (pre.admit == sched::Admit::kOverloaded)
+        return refuse({ApiErrorType::kOverloaded, "the server is overloaded; retry later", pre.retry_after_s});
+      return false;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  // On a thread of its own: generation and count_tokens.
+  void Worker(HttpRequest& req, HttpResponse& res) {
+    if (req.path == "/v1/messages/count_tokens") return Messages(req, res, true, nullptr);
+    const Api api = ApiOfPath(req.path);
+    auto count = std::make_shared<RequestCount>(sm.metrics, api);
+    if (api == Api::kOpenAI) {
+      ChatCompletions(req, res, count);
+    } else {
+      Messages(req, res, false, count);
+    }
+    count->outcome = OutcomeOfStatus(res.status);  // a streamed response holds its own reference
+  }
+
+  // Refused by the transport before any handler ran (malformed, too large, too many
+  // connections): the API's own error envelope, and a finished generation request in metrics.
+  void Refused(int status, const std::string& why, const HttpRequest& partial, HttpResponse& res) {
+    const Api api = ApiOfPath(partial.path);
+    ApiError e = InvalidRequest(why);
+    if (status == 413 || status == 431) e.type = ApiErrorType::kRequestTooLarge;
+    if (status == 503) e = {ApiErrorType::kOverloaded, why, 1};
+    if (status >= 500 && status != 503) e.type = ApiErrorType::kApi;
+    SetError(res, api, e);
+    res.status = status;
+    res.SetHeader("request-id", RandomId("req_"));
+    if (partial.method == "POST" && IsGenerationPath(partial.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(status));
   }
 
   void Setup() {
-    svr.new_task_queue = [n = opts.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
-    svr.set_payload_max_length(opts.max_body_bytes);
-    svr.set_keep_alive_max_count(1000);
-    svr.set_keep_alive_timeout(opts.keep_alive_s);
-    svr.set_read_timeout(30, 0);
-    svr.set_write_timeout(30, 0);
-    svr.set_tcp_nodelay(true);
-    const bool loopback = IsLoopbackBind(opts.host);
-    svr.set_pre_routing_handler([this, loopback](const httplib::Request& req, httplib::Response& res) {
-      res.set_header("request-id", RandomId("req_"));
-      const Api api = ApiOfPath(req.path);
-      MR_LOGI("http", "%s %s", req.method.c_str(), req.target.c_str());
-      size_t header_bytes = 0;
-      for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-      auto refuse = [&](const ApiError& e) {
-        SetError(res, api, e);
-        if (req.method == "POST" && IsGenerationPath(req.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
-        return httplib::Server::HandlerResponse::Handled;
-      };
-      if (header_bytes > opts.max_header_bytes)
-        return refuse({ApiErrorType::kRequestTooLarge, "request headers exceed " + std::to_string(opts.max_header_bytes) + " bytes"});
-      // DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
-      if (loopback && req.has_header("Host") && !IsAllowedHostHeader(req.get_header_value("Host"), opts.allow_hosts))
-        return refuse({ApiErrorType::kPermission, "Host '" + req.get_header_value("Host") +
-                                                      "' is not a loopback name; this server only answers local clients "
-                                                      "(serve --allow-host NAME admits another name)"});
-      // Browsers send Origin on cross-origin requests (and on every POST): a web page the user
-      // opens must not drive the server unless --allow-origin names it. No page is served from
-      // here, so no Origin is ever our own.
-      if (req.has_header("Origin")) {
-        const std::string origin = req.get_header_value("Origin");
-        if (!IsAllowedOrigin(origin, opts.allow_origins))
-          return refuse({ApiErrorType::kPermission, "requests from web pages (Origin '" + origin +
-                                                        "') are refused; serve --allow-origin ORIGIN allows one"});
-        res.set_header("Access-Control-Allow-Origin", origin);
-        res.set_header("Vary", "Origin");
-        if (req.method == "OPTIONS") {  // CORS preflight of an allowed origin
-          res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-          res.set_header("Access-Control-Allow-Headers",
-                         req.has_header("Access-Control-Request-Headers") ? req.get_header_value("Access-Control-Request-Headers")
-                                                                          : "content-type, x-api-key, authorization");
-          res.set_header("Access-Control-Max-Age", "600");
-          res.status = 204;
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (req.method == "HEAD") {
-        res.status = 200;
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      // Only JSON bodies: a form or text/plain POST is what a page can send without a
-      // preflight. Also refuses chunked uploads, which bypass httplib 0.11's body limit.
-      if (req.method == "POST") {
-        if (!IsJsonContentType(req.get_header_value("Content-Type")))
-          return refuse(InvalidRequest("Content-Type must be application/json, got '" +
-                                       req.get_header_value("Content-Type") + "'"));
-        if (req.has_header("Transfer-Encoding"))
-          return refuse({ApiErrorType::kRequestTooLarge,
-                         "chunked request bodies are not accepted; send Content-Length with the body"});
-      }
-      // /health and /metrics answer without the key (as llama.cpp's /health does): probes and
-      // scrapers rarely carry one, and neither shows request content (docs/api.md).
-      const bool open_path = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
-      if (!opts.api_key.empty() && !open_path) {
-        const std::string auth = req.get_header_value("Authorization");
-        const std::string bearer = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
-        const bool key_ok = ApiKeyMatches(req.get_header_value("x-api-key"), opts.api_key);
-        const bool bearer_ok = ApiKeyMatches(bearer, opts.api_key);
-        if (!key_ok && !bearer_ok)
-          return refuse({ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
-      }
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-    svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      const Api api = ApiOfPath(req.path);
-      // Refused by the library before any handler ran (a body over the limit): still a finished
-      // generation request. Handler-made errors have a body and are counted by their handler.
-      if (req.method == "POST" && IsGenerationPath(req.path) && res.status != 404 && res.status != 405)
-        CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
-      if (res.status == 404) {
-        SetError(res, api, {ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
-      } else if (res.status == 413) {
-        SetError(res, api, {ApiErrorType::kRequestTooLarge, "the request body is too large"});
-      } else if (res.status == 405) {
-        SetError(res, api, {ApiErrorType::kNotFound, "method " + req.method + " is not allowed on " + req.path});
-      } else if (res.status >= 500) {
-        SetError(res, api, {ApiErrorType::kApi, "internal server error"});
-      } else if (res.status >= 400) {
-        const int status = res.status;
-        SetError(res, api, InvalidRequest("bad request"));
-        res.status = status;
-      }
-    });
-    svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown error";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      MR_LOGE("http", "handler failed: %s", what.c_str());
-      SetError(res, ApiOfPath(req.path), {ApiErrorType::kApi, "internal error: " + what});
-    });
-
-    svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
-      auto count = std::make_shared<RequestCount>(sm.metrics, Api::kAnthropic);
-      Messages(req, res, false, count);
-      count->outcome = OutcomeOfStatus(res.status);  // a streamed response holds its own reference
-    });
-    svr.Post("/v1/messages/count_tokens",
-             [this](const httplib::Request& req, httplib::Response& res) { Messages(req, res, true, nullptr); });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      auto count = std::make_shared<RequestCount>(sm.metrics, Api::kOpenAI);
-      ChatCompletions(req, res, count);
-      count->outcome = OutcomeOfStatus(res.status);
-    });
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) { Health(res); });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      static const ServerMetrics kNone;
-      const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
-      res.set_content(RenderPrometheus(sm.metrics != nullptr ? *sm.metrics : kNone, st),
-                      "text/plain; version=0.0.4; charset=utf-8");
-    });
-    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const Json entry = ModelEntry();
-      Json body = {{"object", "list"},
-                   {"data", Json::array({entry})},
-                   {"has_more", false},
-                   {"first_id", sm.id},
-                   {"last_id", sm.id}};
-      res.set_content(body.dump(), "application/json");
-    });
-    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request&, httplib::Response& res) {
-      // Any id names the served model, as in /v1/messages.
-      res.set_content(ModelEntry().dump(), "application/json");
-    });
+    TransportOptions t;
+    t.host = opts.host;
+    t.port = opts.port;
+    t.io_threads = opts.io_threads;
+    t.max_connections = opts.max_connections;
+    t.max_header_bytes = opts.max_header_bytes;
+    t.max_body_bytes = opts.max_body_bytes;
+    t.header_timeout = std::chrono::milliseconds(opts.header_timeout_ms);
+    t.body_timeout = std::chrono::milliseconds(opts.body_timeout_ms);
+    t.keep_alive = std::chrono::milliseconds(opts.keep_alive_ms);
+    t.write_timeout = std::chrono::milliseconds(opts.write_timeout_ms);
+    HttpTransport::Handlers h;
+    h.quick = [this](HttpRequest& req, HttpResponse& res) { return Quick(req, res); };
+    h.worker = [this](HttpRequest& req, HttpResponse& res) { Worker(req, res); };
+    h.refused = [this](int status, const std::string& why, const HttpRequest& partial, HttpResponse& res) {
+      Refused(status, why, partial, res);
+    };
+    transport = std::make_unique<HttpTransport>(std::move(t), std::move(h));
   }
 };
 
@@ -485,19 +483,8 @@ HttpServer::HttpServer(ServedModel sm, ServerOptions opts) : impl_(std::make_uni
 
 HttpServer::~HttpServer() = default;
 
-Status HttpServer::Run(const std::function<void(int port)>& on_listening) {
-  int port = impl_->opts.port;
-  if (port == 0) {
-    port = impl_->svr.bind_to_any_port(impl_->opts.host);
-    if (port < 0) return IoError("cannot bind " + impl_->opts.host + " on any port");
-  } else if (!impl_->svr.bind_to_port(impl_->opts.host, port)) {
-    return IoError("cannot bind " + impl_->opts.host + ":" + std::to_string(port) + " (in use, or not a local address?)");
-  }
-  if (on_listening) on_listening(port);
-  if (!impl_->svr.listen_after_bind()) return IoError("the HTTP server stopped with an error");
-  return Status::Ok();
-}
+Status HttpServer::Run(const std::function<void(int port)>& on_listening) { return impl_->transport->Run(on_listening); }
 
-void HttpServer::Stop() { impl_->svr.stop(); }
+void HttpServer::Stop() { impl_->transport->Stop(); }
 
 }  // namespace mr::server

@@ -1,6 +1,7 @@
-// The HTTP front end (cpp-httplib): routes, limits, API key, Host check, request ids, and the
-// bridge between handler threads and the engine (EventChannel per request; SSE streaming with
-// pings; disconnect detection that cancels the engine job).
+// The HTTP front end: routes, checks (Host, Origin, Content-Type, API key), request ids, and
+// the bridge between worker threads and the engine (EventChannel per request; SSE streaming
+// with pings; disconnect detection that cancels the engine job). Sockets, parsing, limits and
+// deadlines are the transport's (http_transport.h, Boost.Beast).
 //
 //   POST /v1/messages[?beta=true]   Anthropic Messages (anthropic_api.*)
 //   POST /v1/messages/count_tokens
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,10 +32,12 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;
   size_t max_header_bytes = 64u << 10;
   int ping_interval_ms = 3000;  // SSE ping while nothing else is written
-  // Connections served at once. cmd_serve sizes it above max_active + max_queue so that the
-  // engine's 429/529 are reachable over HTTP and /health keeps spare threads under load.
-  int http_threads = 16;
-  int keep_alive_s = 5;  // an idle keep-alive connection holds a thread this long at most
+  int io_threads = 2;         // accept, parse, checks, /health; generation runs on workers
+  int max_connections = 512;  // open connections; one more gets an immediate 503
+  int header_timeout_ms = 10000;  // the request head must arrive within this (slowloris)
+  int body_timeout_ms = 60000;    // and the body within this
+  int keep_alive_ms = 5000;       // an idle keep-alive connection is closed after this
+  int write_timeout_ms = 30000;   // a client that does not read for this long is dropped
   // Names accepted in the Host header besides loopback literals and "localhost" (DNS
   // rebinding protection; checked when bound to a loopback address).
   std::vector<std::string> allow_hosts;

@@ -6,6 +6,7 @@ contract. After every case the server must still answer, with no slot or queue e
 import copy
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -191,19 +192,146 @@ def raw_request(server, data: bytes, timeout=10.0) -> bytes:
 
 
 def test_chunked_bodies_and_header_floods(server):
-    # Chunked upload: refused before the body is read (httplib 0.11 would bypass the size limit).
-    chunk = b"x" * 1000
-    req = (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + b"3e8\r\n" + chunk + b"\r\n0\r\n\r\n")
+    # Chunked upload: the parser applies the body limit to every framing, so a chunked body is
+    # served when it is small and refused with 413 when it grows past the limit.
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 100}]}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 100]), body[i:i + 100]) for i in range(0, len(body), 100))
+    req = (b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks + b"0\r\n\r\n")
     out = raw_request(server, req)
-    assert out.startswith(b"HTTP/1.1 413"), out[:200]
-    # Header flood: many headers past the header-size limit get 413, or the connection is refused
-    # by the library; either way the server lives on.
+    assert out.startswith(b"HTTP/1.1 200"), out[:300]
+    assert json.loads(out.split(b"\r\n\r\n", 1)[1])["input_tokens"] > 100
+    big = b"x" * 65536
+    req = (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
+           b"".join(b"10000\r\n" + big + b"\r\n" for _ in range(MAX_BODY // 65536 + 2)) + b"0\r\n\r\n")
+    out = raw_request(server, req)
+    assert out.startswith(b"HTTP/1.1 413"), out[:300]
+    assert b"request_too_large" in out
+    # Header flood: 2,000 headers (200 KB) past the 64 KiB head limit get 431.
     flood = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(2000))
     req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + flood + b"Connection: close\r\n\r\n"
     out = raw_request(server, req)
-    assert out == b"" or out.startswith(b"HTTP/1.1 4"), out[:200]
+    assert out.startswith(b"HTTP/1.1 431"), out[:200]
+    # Malformed request lines and framing get 400 with an envelope, then the connection closes.
+    for bad in (b"GARBAGE\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n",
+                b"POST /v1/messages HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nabcdefg",
+                b"POST /v1/messages HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"):
+        out = raw_request(server, bad)
+        assert out.startswith(b"HTTP/1.1 400"), (bad, out[:200])
     assert_idle(server)
+
+
+def open_connections(server):
+    text = requests.get(server.base_url + "/metrics", timeout=5).text
+    return int(re.search(r"^mererun_http_connections_open (\d+)$", text, re.M).group(1))
+
+
+def test_slowloris_does_not_delay_normal_clients(mererun_bin, model_path):
+    """200 connections that send their request head a byte at a time: a normal client is served as
+    fast as without them, and the server closes the slow ones at the head deadline."""
+    model_path("smollm2-135m-instruct")
+    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048", "--no-warmup", "--header-timeout-ms", "4000")
+    slow = []
+    try:
+        def timed(n=20):
+            out = []
+            for _ in range(n):
+                t0 = time.time()
+                assert requests.get(s.base_url + "/health", timeout=5).status_code == 200
+                r = requests.post(s.base_url + "/v1/messages/count_tokens", timeout=5,
+                                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200
+                out.append(time.time() - t0)
+            out.sort()
+            return out[len(out) // 2], out[-1]
+
+        base_p50, base_max = timed()
+        head = b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: "
+        for _ in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            slow.append(c)
+        t_open = time.time()
+        stop = threading.Event()
+
+        def drip():  # one byte per connection every 0.25 s, never finishing the head
+            i = 0
+            while not stop.is_set():
+                for c in slow:
+                    try:
+                        c.send(head[i % len(head):i % len(head) + 1])
+                    except OSError:
+                        pass
+                i += 1
+                time.sleep(0.25)
+
+        t = threading.Thread(target=drip, daemon=True)
+        t.start()
+        time.sleep(0.5)
+        open_now = open_connections(s)
+        assert open_now >= 200, open_now
+        load_p50, load_max = timed()
+        print(f"health+count_tokens round trip: alone p50 {base_p50 * 1000:.1f} ms max {base_max * 1000:.1f} ms; "
+              f"with 200 slow connections p50 {load_p50 * 1000:.1f} ms max {load_max * 1000:.1f} ms")
+        assert load_p50 - base_p50 < 0.1, (base_p50, load_p50)
+        # The head deadline (4 s) closes every slow connection, though each keeps sending.
+        closed = 0
+        for c in slow:
+            c.settimeout(max(0.1, t_open + 8 - time.time()))
+            try:
+                while True:
+                    data = c.recv(4096)
+                    if not data:
+                        closed += 1
+                        break
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        stop.set()
+        assert closed == 200, closed
+        waited = time.time() - t_open
+        assert waited < 8, waited
+        assert open_connections(s) <= 2
+        assert_idle(s)
+    finally:
+        for c in slow:
+            c.close()
+        s.stop()
+
+
+def test_connection_cap_answers_503_at_once(mererun_bin, model_path):
+    model_path("smollm2-135m-instruct")
+    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048", "--no-warmup", "--max-connections", "20")
+    idle = []
+    try:
+        for _ in range(20):
+            idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        time.sleep(0.3)
+        t0 = time.time()
+        out = raw_request(s, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        took = time.time() - t0
+        assert out.startswith(b"HTTP/1.1 503"), out[:200]
+        assert b"overloaded_error" in out and b"retry-after" in out.lower()
+        print(f"connection over the cap refused in {took * 1000:.1f} ms")
+        assert took < 1.0
+        for c in idle:
+            c.close()
+        idle.clear()
+        deadline = time.time() + 5
+        while True:
+            try:
+                if requests.get(s.base_url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.time() < deadline, "never served again after the idle connections closed"
+            time.sleep(0.05)
+        assert_idle(s)
+    finally:
+        for c in idle:
+            c.close()
+        s.stop()
 
 
 def test_browser_and_rebinding_protection(server):
@@ -380,15 +508,20 @@ def test_overload_refusals_are_fast_and_health_answers(mererun_bin, model_path):
     lock = threading.Lock()
     go = threading.Event()
 
+    # Raw sockets and a pre-built request, so that 100 Python client threads spend as little of
+    # the two cores (and the GIL) as possible on their side of the measurement.
+    body = json.dumps({"model": "m", "max_tokens": 48, "temperature": 1.0,
+                       "messages": [{"role": "user", "content": "Tell me about the sea."}]}).encode()
+    request = (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
     def client():
         go.wait()
         t0 = time.time()
         try:
-            r = requests.post(s.base_url + "/v1/messages", timeout=300, json={
-                "model": "m", "max_tokens": 48, "temperature": 1.0,
-                "messages": [{"role": "user", "content": "Tell me about the sea."}]})
-            status = r.status_code
-        except requests.RequestException as e:
+            out = raw_request(s, request, timeout=300)
+            status = int(out.split(b" ", 2)[1]) if out.startswith(b"HTTP/1.1 ") else out[:100]
+        except OSError as e:
             status = str(e)
         with lock:
             results.append((status, time.time() - t0))
@@ -415,9 +548,9 @@ def test_overload_refusals_are_fast_and_health_answers(mererun_bin, model_path):
         print(f"{len(ok)} served, {len(refused)} refused: refusal latency p50 {p(refused, 0.5) * 1000:.1f} ms, "
               f"p90 {p(refused, 0.9) * 1000:.1f} ms, max {refused[-1] * 1000:.1f} ms; /health p50 "
               f"{p(health_ms, 0.5):.1f} ms, max {health_ms[-1]:.1f} ms over {len(health_ms)} probes")
-        # 100 ms is the target on a quiet machine; a shared 2-core CI box gets slack.
-        assert p(refused, 0.9) < 1.0
-        assert p(health_ms, 0.5) < 500
+        # The target is 100 ms (measured 10-30 ms p90 here); a shared 2-core CI box gets 2x slack.
+        assert p(refused, 0.9) < 0.2
+        assert p(health_ms, 0.5) < 100
         assert_idle(s)
     finally:
         s.stop()
