@@ -28,6 +28,7 @@
 #include "app/commands.h"
 #include "app/cli.h"
 #include "app/model_opts.h"
+#include "app/spec_config.h"
 #include "model/chat_format.h"
 #include "runtime/generator.h"
 #include "runtime/speculative.h"
@@ -38,92 +39,28 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-struct DecodeConfig {
-  std::string text;         // as given
-  bool ngram = false;
-  std::string draft_model;  // catalog name or path; "" = none
-  int k = kDefaultDraftTokens;
-  bool adaptive = true;
-  bool speculative() const { return ngram || !draft_model.empty(); }
-  json ToJson() const {
-    return {{"spec", text}, {"ngram", ngram}, {"draft_model", draft_model}, {"k", speculative() ? k : 0},
-            {"adaptive", speculative() && adaptive}};
-  }
-};
-
-bool ParseConfig(const std::string& text, DecodeConfig* c, std::string* err) {
-  c->text = text;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) { *err = "expected key=value, got '" + item + "'"; return false; }
-    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
-    if (key == "draft" || key == "MERERUN_DRAFT") {
-      c->ngram = false;
-      c->draft_model.clear();
-      if (v == "0" || v == "off" || v == "none") continue;
-      std::stringstream parts(v);
-      std::string p;
-      while (std::getline(parts, p, '+')) {
-        if (p == "ngram") c->ngram = true;
-        else if (p.rfind("model:", 0) == 0 && p.size() > 6) c->draft_model = p.substr(6);
-        else { *err = "unknown drafter '" + p + "' (ngram, model:NAME)"; return false; }
-      }
-    } else if (key == "k" || key == "MERERUN_DRAFT_TOKENS") {
-      // Strict integers: "k=3x" or "k=auto:" is an error, not 3 or 0.
-      auto to_int = [](std::string_view t) {
-        int n = 0;
-        const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-        return ec == std::errc() && end == t.data() + t.size() ? n : 0;
-      };
-      if (v == "auto") { c->adaptive = true; c->k = kDefaultDraftTokens; }
-      else if (v.rfind("auto:", 0) == 0) { c->adaptive = true; c->k = to_int(std::string_view(v).substr(5)); }
-      else { c->adaptive = false; c->k = to_int(v); }
-      if (c->k < 1 || c->k > CostController::kMaxK) {
-        *err = "k must be 1.." + std::to_string(CostController::kMaxK) + ", got '" + v + "'";
-        return false;
-      }
-    } else {
-      *err = "unknown key '" + key + "' (draft, k)";
-      return false;
-    }
-  }
-  return true;
-}
-
 // A configuration's drafters, owned.
 struct DrafterSet {
-  NgramDrafter ngram;
   std::unique_ptr<Model> draft_model;
-  std::unique_ptr<ModelDrafter> model_drafter;
-  std::unique_ptr<ChainDrafter> chain;
+  std::unique_ptr<OwnedDrafter> owned;
   Drafter* drafter = nullptr;
 };
 
 bool BuildDrafters(const DecodeConfig& c, const Model& target, int threads, int64_t n_ctx, DrafterSet* d) {
-  if (!c.draft_model.empty()) {
+  if (c.use_model && !c.draft_model.empty()) {
     ModelArgs a;
     a.model = c.draft_model;
     a.threads = threads;
     d->draft_model = LoadModelOrReport("qualify speed", a);
     if (!d->draft_model) return false;
-    auto md = ModelDrafter::Create(target, *d->draft_model, n_ctx);
-    if (!md.ok()) {
-      std::fprintf(stderr, "mererun qualify speed: %s\n", md.status().message().c_str());
-      return false;
-    }
-    d->model_drafter = std::move(md).value();
   }
-  if (c.ngram && d->model_drafter) {
-    d->chain = std::make_unique<ChainDrafter>(std::vector<Drafter*>{&d->ngram, d->model_drafter.get()});
-    d->drafter = d->chain.get();
-  } else if (c.ngram) {
-    d->drafter = &d->ngram;
-  } else {
-    d->drafter = d->model_drafter.get();
+  auto r = MakeDrafter(c, target, d->draft_model.get(), n_ctx);
+  if (!r.ok()) {
+    std::fprintf(stderr, "mererun qualify speed: %s\n", r.status().message().c_str());
+    return false;
   }
+  d->owned = std::move(r).value();
+  d->drafter = d->owned.get();
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
+#include "app/spec_config.h"
 #include "model/catalog.h"
 #include "runtime/generator.h"
 #include "server/engine.h"
@@ -42,6 +43,7 @@ int CmdServe(const Args& args) {
   long long max_body = 33554432, max_output = 0;
   float temp = 0;  // default temperature for requests without one (model default when not given)
   double drain_s = 30;
+  std::string draft_arg, draft_model_arg, draft_tokens_arg;
   app.add_option("--host", sopts.host, "address to listen on");
   app.add_option("--port", sopts.port, "TCP port (0: any free port, printed on stderr)")->check(InRange(0, 65535));
   app.add_option("-c,--ctx", n_ctx_arg, "context length (0: the model's, at most 32768)")->check(AtLeast<int64_t>(0));
@@ -71,6 +73,16 @@ int CmdServe(const Args& args) {
       app.add_option("--temp", temp, "temperature for requests that give none (default: the model's)")
           ->check(InRange(0.0f, 2.0f))
           ->default_str("");
+  app.add_option("--draft", draft_arg,
+                 "speculative drafter: off, ngram, model, chain (ngram, then the draft model), model:NAME "
+                 "(default: ngram; chain with --draft-model; env MERERUN_DRAFT)")
+      ->type_name("DRAFTER");
+  app.add_option("--draft-model", draft_model_arg, "draft model (catalog name or GGUF path) with the same vocabulary")
+      ->type_name("NAME");
+  app.add_option("--draft-tokens", draft_tokens_arg,
+                 "drafts per step: auto (the cost controller picks 0..7), auto:KMAX or N (default auto; env "
+                 "MERERUN_DRAFT_TOKENS)")
+      ->type_name("K");
   app.add_option("--drain-seconds", drain_s, "on SIGINT/SIGTERM, time admitted requests get to finish")
       ->check(InRange(0.0, 86400.0));
   if (auto rc = cli.Parse(args)) return *rc;
@@ -93,8 +105,38 @@ int CmdServe(const Args& args) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Speculative decoding: n-gram lookup by default (chain with a draft model), then
+  // MERERUN_DRAFT / MERERUN_DRAFT_TOKENS, then the flags.
+  DecodeConfig spec;
+  spec.ngram = true;
+  if (Status st = ApplyDraftEnvironment(&spec); !st.ok()) {
+    std::fprintf(stderr, "mererun serve: %s\n", st.message().c_str());
+    return kUsageError;
+  }
+  if (!draft_model_arg.empty()) {
+    spec.draft_model = draft_model_arg;
+    if (draft_arg.empty() && spec.speculative()) spec.use_model = true;
+  }
+  std::string spec_err;
+  if ((!draft_arg.empty() && !SetConfigValue("--draft", draft_arg, &spec, &spec_err)) ||
+      (!draft_tokens_arg.empty() && !SetConfigValue("--draft-tokens", draft_tokens_arg, &spec, &spec_err))) {
+    std::fprintf(stderr, "mererun serve: %s\n", spec_err.c_str());
+    return kUsageError;
+  }
+  if (Status st = spec.Validate(); !st.ok()) {
+    std::fprintf(stderr, "mererun serve: %s\n", st.message().c_str());
+    return kUsageError;
+  }
+
   auto model = LoadModelOrReport("serve", margs);
   if (!model) return 1;
+  std::unique_ptr<Model> draft_model;
+  if (spec.use_model) {
+    ModelArgs dargs = margs;
+    dargs.model = spec.draft_model;
+    draft_model = LoadModelOrReport("serve (draft model)", dargs);
+    if (!draft_model) return 1;
+  }
   const int64_t n_ctx_train = model->config().n_ctx_train > 0 ? model->config().n_ctx_train : 4096;
   const int64_t n_ctx = n_ctx_arg > 0 ? n_ctx_arg : std::min<int64_t>(n_ctx_train, 32768);
 
@@ -109,6 +151,8 @@ int CmdServe(const Args& args) {
   sm.max_output_tokens = max_output;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = *signing_key;
+  sm.drafter = spec.DrafterName();
+  sm.draft_tokens = spec.TokensName();
 
   server::EngineOptions eopts;
   eopts.n_ctx = n_ctx;
@@ -119,6 +163,21 @@ int CmdServe(const Args& args) {
   eopts.prefill_chunk = prefill_chunk;
   eopts.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mb) << 20;
   eopts.warm_up = !no_warmup;
+  if (spec.speculative()) {
+    eopts.make_drafter = [&spec, &model, &draft_model, &margs, n_ctx]() -> Result<std::unique_ptr<Drafter>> {
+      auto d = MakeDrafter(spec, *model, draft_model.get(), n_ctx, margs.model);
+      if (!d.ok()) return d.status();
+      return std::unique_ptr<Drafter>(std::move(d).value());
+    };
+    eopts.draft_tokens = spec.k;
+    eopts.draft_adaptive = spec.adaptive;
+    // A drafter that cannot be made (another vocabulary) is a start-up error, not a silent
+    // fallback to plain decoding.
+    if (auto probe = eopts.make_drafter(); !probe.ok()) {
+      std::fprintf(stderr, "mererun serve: %s\n", probe.status().message().c_str());
+      return 1;
+    }
+  }
   server::ServerMetrics metrics;
   sm.metrics = &metrics;
   server::Engine engine(*model, eopts, &metrics);

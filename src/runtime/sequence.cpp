@@ -21,10 +21,12 @@ const char* StopCauseName(StopCause c) {
 
 std::pair<int, bool> ResolveDraftTokens(const SpecParams& spec) {
   if (spec.draft_tokens >= 0) return {std::min(spec.draft_tokens, CostController::kMaxK), spec.adaptive};
-  const char* env = std::getenv("MERERUN_DRAFT_TOKENS");
-  if (env == nullptr || *env == '\0' || std::string(env) == "auto") return {kDefaultDraftTokens, true};
-  const int k = std::atoi(env);
-  return {std::clamp(k, 0, CostController::kMaxK), false};
+  return {kDefaultDraftTokens, true};
+}
+
+int Sequence::wanted_draft_rows() const {
+  if (drafter_ == nullptr || done_) return 0;
+  return static_cast<int>(std::clamp<int64_t>(controller_.Preview(), 0, std::max<int64_t>(0, budget_left() - 1)));
 }
 
 Sequence::Sequence(Model& model, int64_t n_ctx) : model_(model), kv_(model.NewKvCache(n_ctx)) {}

@@ -41,13 +41,13 @@ class PrefixCache;
 // Speculative decoding of one request. The drafter is not owned and must outlive the request.
 struct SpecParams {
   Drafter* drafter = nullptr;  // nullptr: plain decoding
-  // Most draft tokens per step (k). < 0: from MERERUN_DRAFT_TOKENS ("N" = fixed N, "auto" or
-  // unset = adaptive with at most kDefaultDraftTokens).
+  // Most draft tokens per step (k). < 0: adaptive with at most kDefaultDraftTokens. (The
+  // MERERUN_DRAFT_TOKENS variable is read in app/, spec_config.h.)
   int draft_tokens = -1;
   bool adaptive = true;        // the cost controller picks k in 0..draft_tokens per step
 };
 constexpr int kDefaultDraftTokens = 7;
-// The effective (k, adaptive) of `spec` after applying MERERUN_DRAFT_TOKENS.
+// The effective (k, adaptive) of `spec`.
 std::pair<int, bool> ResolveDraftTokens(const SpecParams& spec);
 
 struct GenerateParams {
@@ -139,6 +139,9 @@ class Sequence {
   void ReleaseCache();
   const CostController& controller() const { return controller_; }
   int last_draft_rows() const { return last_draft_; }
+  // Draft rows the next decode step would like (the controller's next choice, without
+  // committing to it): what a batching engine reserves for this sequence. 0 without a drafter.
+  int wanted_draft_rows() const;
 
  private:
   using Clock = std::chrono::steady_clock;

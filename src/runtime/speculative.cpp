@@ -219,9 +219,15 @@ double CostController::expected_rate(int k) const {
   return cost > 0.0 ? expect / cost : 0.0;
 }
 
-int CostController::Choose() {
+bool CostController::Calibrated() const {
+  // One verify of k_max + 1 rows and one plain step before any comparison.
+  return adaptive_ && k_max_ > 0 && fwd_n_[k_max_ + 1] > 0 && accept_n_[0] > 0 && fwd_n_[1] > 0;
+}
+
+// The best k by the current figures (k_max while not adaptive or calibrating the verify cost,
+// 0 while calibrating the plain one).
+int CostController::Best() const {
   if (!adaptive_ || k_max_ == 0) return k_max_;
-  // Calibrate: one verify of k_max + 1 rows and one plain step before any comparison.
   if (fwd_n_[k_max_ + 1] == 0 || accept_n_[0] == 0) return k_max_;
   if (fwd_n_[1] == 0) return 0;
   int best = 0;
@@ -230,6 +236,18 @@ int CostController::Choose() {
     const double r = expected_rate(k);
     if (r > best_rate) best_rate = r, best = k;
   }
+  return best;
+}
+
+int CostController::Preview() const {
+  const int best = Best();
+  if (!Calibrated() || best > 0) return best;
+  return plain_streak_ + 1 >= probe_interval_ ? k_max_ : 0;
+}
+
+int CostController::Choose() {
+  const int best = Best();
+  if (!Calibrated()) return best;
   if (best > 0) {
     plain_streak_ = 0;
     probe_interval_ = 16;

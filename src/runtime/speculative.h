@@ -145,6 +145,8 @@ class CostController {
 
   // The k for the next step (k_max when not adaptive or still calibrating).
   int Choose();
+  // What Choose would return now, without counting it (probing included).
+  int Preview() const;
   // Feedback. proposed: drafts verified; accepted: how many of them were accepted.
   void RecordAcceptance(int proposed, int accepted);
   void RecordDraftCost(int n_tokens, double seconds);
@@ -157,6 +159,9 @@ class CostController {
   double draft_cost_per_token() const { return draft_per_token_; }
 
  private:
+  bool Calibrated() const;
+  int Best() const;
+
   int k_max_ = 7;
   bool adaptive_ = true;
   double accept_[kMaxK] = {};

@@ -62,6 +62,9 @@ struct ServedModel {
   int64_t max_output_tokens = 0;  // > 0: every request's max_tokens is clamped to this too
   int64_t created_unix = 0;
   std::string signing_key;  // HMAC key for thinking signatures
+  // Speculative decoding as configured (reported in /health): drafter and draft length names.
+  std::string drafter = "off";
+  std::string draft_tokens = "auto";
 };
 
 struct PreparedChat {

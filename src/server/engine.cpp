@@ -48,6 +48,7 @@ struct Engine::Impl {
   struct Slot {
     Slot(Model& m, int64_t n_ctx) : seq(m, n_ctx) {}
     Sequence seq;
+    std::unique_ptr<Drafter> drafter;  // null: plain decoding
     std::shared_ptr<EngineJob> job;  // null: free
     sched::SeqId id = 0;
     Clock::time_point submitted, last_token;
@@ -264,8 +265,18 @@ EngineStatus Engine::Status() const {
 void Engine::Impl::WarmUp() {
   // One short generation, so the first request does not pay first-use costs (page faults of the
   // weights, workspace growth). Its cache is thrown away.
+  // With speculation, the warm-up drafts too (1-row and multi-row verify steps).
   Generator g(model, 256);
-  auto r = g.WarmUp(SpecParams{}, 8);
+  SpecParams spec;
+  std::unique_ptr<Drafter> drafter;
+  if (opts.make_drafter) {
+    auto d = opts.make_drafter();
+    if (d.ok()) drafter = std::move(d).value();
+  }
+  spec.drafter = drafter.get();
+  spec.draft_tokens = opts.draft_tokens;
+  spec.adaptive = opts.draft_adaptive;
+  auto r = g.WarmUp(spec, drafter != nullptr ? 32 : 8);
   if (!r.ok()) MR_LOGW("engine", "warm-up failed: %s", r.status().message().c_str());
 }
 
@@ -292,6 +303,14 @@ Engine::Impl::Slot* Engine::Impl::TakeSlot(const std::vector<TokenId>& prompt) {
   }
   if ((best == nullptr || best_len == 0) && static_cast<int>(slots.size()) < opts.max_active) {
     slots.push_back(std::make_unique<Slot>(model, opts.n_ctx));
+    if (opts.make_drafter) {
+      auto d = opts.make_drafter();
+      if (d.ok()) {
+        slots.back()->drafter = std::move(d).value();
+      } else {
+        MR_LOGE("engine", "no drafter for a new slot (plain decoding there): %s", d.status().message().c_str());
+      }
+    }
     return slots.back().get();
   }
   return best;
@@ -311,11 +330,18 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   s->id = id;
   s->submitted = submitted;
   s->got_token = false;
-  mr::Status st = s->seq.Start(s->job->prompt, s->job->params, cache.get());
+  GenerateParams params = s->job->params;
+  if (s->drafter != nullptr && params.spec.drafter == nullptr) {
+    params.spec.drafter = s->drafter.get();
+    params.spec.draft_tokens = opts.draft_tokens;
+    params.spec.adaptive = opts.draft_adaptive;
+  }
+  mr::Status st = s->seq.Start(s->job->prompt, params, cache.get());
   if (!st.ok()) return Finish(*s, st, false);
   {
     std::lock_guard<std::mutex> lock(mu);
     sched.Prefilled(id, s->seq.stats().reused_tokens);
+    sched.SetSpecRows(id, s->seq.wanted_draft_rows());
   }
   if (s->job->on_start) s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
 }
@@ -466,7 +492,13 @@ void Engine::Impl::ConsumeRows(const Entry& e, const float* lg, int64_t* generat
     Finish(s, c, true);
     return;
   }
-  if (!s.seq.done()) return;
+  if (!s.seq.done()) {
+    if (s.drafter != nullptr) {
+      std::lock_guard<std::mutex> lock(mu);
+      sched.SetSpecRows(s.id, s.seq.wanted_draft_rows());
+    }
+    return;
+  }
   if (s.seq.stats().stop == StopCause::kCallback && s.job->continuation && !s.job->cancelled) {
     const std::vector<TokenId> more = s.job->continuation();
     if (!more.empty() && s.seq.stats().generated + s.seq.stats().injected + static_cast<int64_t>(more.size()) <=

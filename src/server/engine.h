@@ -90,6 +90,14 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;      // rows one sequence prefills per step (cancellation point)
   size_t prefix_cache_bytes = size_t{1} << 30;  // 0: no prefix cache
   bool warm_up = true;              // one short generation before accepting requests
+  // Speculative decoding: each sequence slot gets a drafter from make_drafter (null function or
+  // null result: plain decoding), with at most draft_tokens drafts per step, the cost controller
+  // choosing 0..draft_tokens per step when draft_adaptive. Draft rows are granted by the
+  // scheduler after every decoding sequence's next row, so drafting never takes another
+  // sequence's token out of a step.
+  std::function<Result<std::unique_ptr<Drafter>>()> make_drafter;
+  int draft_tokens = kDefaultDraftTokens;
+  bool draft_adaptive = true;
 };
 
 // kDraining: shutting down, new requests are refused (529), admitted ones finish.
