@@ -34,7 +34,9 @@ TEST(Scheduler, AdmissionQueueFullAndOverloaded) {
   Scheduler s(l);
   EXPECT_EQ(s.Submit(1, 10), Admit::kQueued);
   EXPECT_EQ(s.Submit(2, 10), Admit::kQueued);
+  EXPECT_EQ(s.Peek(), Admit::kQueued);
   EXPECT_EQ(s.Submit(3, 10), Admit::kQueued);   // 2 take free slots, 1 waits in the queue
+  EXPECT_EQ(s.Peek(), Admit::kQueueFull);       // the early answer agrees with Submit
   EXPECT_EQ(s.Submit(4, 10), Admit::kQueueFull);
   Plan p = s.Next();
   EXPECT_EQ(p.started, (std::vector<SeqId>{1, 2}));
@@ -55,6 +57,7 @@ TEST(Scheduler, AdmissionQueueFullAndOverloaded) {
   Scheduler u(l2);
   EXPECT_EQ(u.Submit(1, 5000), Admit::kQueued);
   u.set_ready(false);
+  EXPECT_EQ(u.Peek(), Admit::kOverloaded);
   EXPECT_EQ(u.Submit(2, 1), Admit::kOverloaded);
   EXPECT_GE(u.RetryAfterSeconds(100.0), 50);
 }

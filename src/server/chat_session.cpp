@@ -266,6 +266,13 @@ struct Session {
     ev.cache_read_tokens = r->cache_read_tokens;
     ev.cache_creation_5m_tokens = r->cache_creation_5m_tokens;
     ev.cache_creation_1h_tokens = r->cache_creation_1h_tokens;
+    ev.prefill_s = r->prefill_s;
+    ev.decode_s = r->decode_s;
+    ev.generated = r->generated;
+    ev.drafted = r->drafted;
+    ev.accepted = r->accepted;
+    ev.proposed_at = r->proposed_at;
+    ev.accepted_at = r->accepted_at;
     if (r->stop == StopCause::kCancelled) {
       ev.finish = FinishReason::kCancelled;
     } else if (parser.stopped()) {

@@ -115,6 +115,10 @@ struct StreamEvent {
   int64_t cache_read_tokens = 0;         // of input_tokens: KV reused
   int64_t cache_creation_5m_tokens = 0;  // of input_tokens: evaluated and cached (5m, 1h)
   int64_t cache_creation_1h_tokens = 0;
+  // kDone: the engine's timing of this request (the x-mererun-* response headers).
+  double prefill_s = 0.0, decode_s = 0.0;
+  int64_t generated = 0, drafted = 0, accepted = 0;
+  std::vector<int64_t> proposed_at, accepted_at;
   // kError:
   ApiError error;
 };

@@ -409,6 +409,11 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
   r.stop = cancelled ? StopCause::kCancelled : st.stop;
   r.prefill_s = st.prefill_s;
   r.decode_s = st.decode_s;
+  r.generated = st.generated;
+  r.drafted = st.drafted;
+  r.accepted = st.accepted;
+  r.proposed_at = st.proposed_at;
+  r.accepted_at = st.accepted_at;
   MR_LOGD("engine", "seq %llu: prompt %lld (reused %lld, %lld from the prefix cache), output %lld, stop %s",
           (unsigned long long)s.id, (long long)st.prompt_tokens, (long long)st.reused_tokens,
           (long long)st.cache_restored, (long long)r.output_tokens, StopCauseName(r.stop));

@@ -53,6 +53,10 @@ struct JobResult {
   double queue_s = 0.0;       // submit -> slot
   double prefill_s = 0.0;     // slot -> first generated token
   double decode_s = 0.0;
+  int64_t generated = 0;      // tokens the decode loop produced (output_tokens less injected)
+  int64_t drafted = 0;        // speculative drafts verified
+  int64_t accepted = 0;       // of them accepted
+  std::vector<int64_t> proposed_at, accepted_at;  // per draft position (GenerateStats)
 };
 
 struct EngineJob {

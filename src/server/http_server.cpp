@@ -32,6 +32,24 @@ void SetError(HttpResponse& res, Api api, const ApiError& e) {
 }
 
 // Long text (request bodies, prompts) to stderr at debug level, untruncated.
+// The engine's own timing of a finished (non-streamed) generation, for throughput probes
+// (docs/api.md): decode tok/s = x-mererun-decode-tokens / x-mererun-decode-seconds.
+void SetTimingHeaders(const StreamEvent& done, HttpResponse& res) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", done.prefill_s);
+  res.SetHeader("x-mererun-prefill-seconds", buf);
+  std::snprintf(buf, sizeof(buf), "%.6f", done.decode_s);
+  res.SetHeader("x-mererun-decode-seconds", buf);
+  res.SetHeader("x-mererun-decode-tokens", std::to_string(done.generated));
+  res.SetHeader("x-mererun-draft-tokens", std::to_string(done.drafted));
+  res.SetHeader("x-mererun-accepted-tokens", std::to_string(done.accepted));
+  // Per draft position: "accepted/proposed" pairs, comma-separated.
+  std::string at;
+  for (size_t i = 0; i < done.proposed_at.size() && i < done.accepted_at.size(); ++i)
+    at += (i ? "," : "") + std::to_string(done.accepted_at[i]) + "/" + std::to_string(done.proposed_at[i]);
+  if (!at.empty()) res.SetHeader("x-mererun-acceptance-by-position", at);
+}
+
 void LogLong(const char* what, const std::string& text) {
   if (!MR_LOG_ENABLED(kDebug)) return;
   std::fprintf(stderr, "D [http] %s (%zu bytes):\n", what, text.size());
@@ -293,6 +311,7 @@ struct HttpServer::Impl {
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kAnthropic, last.error);
+    SetTimingHeaders(last, res);
     w->Event(last);
     res.SetContent(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
@@ -315,6 +334,7 @@ struct HttpServer::Impl {
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
+    SetTimingHeaders(last, res);
     w->Event(last);
     res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }

@@ -15,7 +15,7 @@ def test_qualify_speed_smoke(run_mererun, model_path, tmp_path):
     # Exit status: 0 on PASS, 3 on FAIL (the check ran and did not pass).
     assert r.returncode == (0 if rep["verdict"] == "pass" else 3), (r.returncode, rep["verdict"], r.stderr)
     assert rep["reference"]["k"] == 0 and rep["candidate"] == {
-        "spec": "draft=ngram,k=3", "ngram": True, "draft_model": "", "k": 3, "adaptive": False}
+        "spec": "draft=ngram,k=3", "drafter": "ngram", "ngram": True, "draft_model": "", "k": 3, "adaptive": False}
     assert rep["cpu"] and "commit" in rep and rep["threads"] >= 1
     (w,) = rep["workloads"]
     assert w["name"] == "short" and 60 <= w["prompt_tokens"] <= 140
@@ -33,3 +33,32 @@ def test_qualify_speed_rejects_bad_configuration(run_mererun):
     assert "unknown drafter 'magic'" in r.stderr
     r = run_mererun("qualify", "nonsense")
     assert r.returncode == 2
+
+
+def test_qualify_speed_over_http(run_mererun, model_path, tmp_path):
+    """--http: a server per configuration, started from the same binary; the samples come from
+    the server's x-mererun-* headers, with warm-ups kept (marked) and peak RSS per request. A
+    1 MiB RSS bound cannot hold, so resource monitoring must fail the run (exit 3) and keep the
+    samples."""
+    model_path("smollm2-135m-instruct")
+    out = tmp_path / "q.json"
+    r = run_mererun("qualify", "speed", "--http", "-m", "smollm2-135m-instruct", "-w", "code_edit", "-n", "1",
+                    "--max-tokens", "24", "--reference", "draft=0", "--candidate", "draft=ngram,k=auto",
+                    "--server-ctx", "4096", "--max-rss-mb", "1", "--json", out, timeout=600)
+    rep = json.loads(out.read_text())
+    assert r.returncode == 3 and rep["verdict"] == "fail", (r.returncode, r.stderr[-2000:])
+    assert rep["transport"] == "http" and rep["resource"]["failures"] == 6
+    assert "over --max-rss-mb" in r.stderr
+    (w,) = rep["workloads"]
+    assert w["prompt_tokens"] > 1000
+    for b in w["blocks"]:
+        (s,) = b["samples"]
+        (warm,) = b["warmup_samples"]
+        for x in (s, warm):
+            assert 1 <= x["generated"] <= 24 and x["decode_tok_s"] > 0 and x["wall_s"] > 0
+            assert x["peak_rss_bytes"] > 50 << 20 and x["resource_ok"] is False
+        # The prompt is cached after the warm-up: the kept sample reads it from the cache.
+        assert s["reused_tokens"] > 1000
+    cand = w["blocks"][1]["samples"][0]["spec"]
+    assert cand["drafted"] >= cand["accepted"] >= 0
+    assert "spec" not in w["blocks"][0]["samples"][0]
