@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
+#include "app/environment.h"
 #include "app/bench_micro.h"
 #include "app/cli.h"
 #include "app/commands.h"
@@ -472,6 +473,7 @@ int CmdBench(const Args& args) {
   j["date"] = UtcNow();
   j["git"] = GitInfo();
   j["cpu"] = CpuInfo();
+  j["environment"] = ControlEnvironment();
   j["options"] = {{"threads", o.threads}, {"reps", o.reps}, {"quick", o.quick}, {"llamacpp", o.llamacpp},
                   {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens},
                   {"verify_rows", o.verify_rows}, {"verify_iters", o.verify_iters},

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
+#include "app/environment.h"
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/likelihood.h"
@@ -255,6 +256,7 @@ int Likelihood(const Args& args) {
   j["date"] = UtcNow();
   j["git"] = GitInfo();
   j["cpu"] = CpuInfo();
+  j["environment"] = ControlEnvironment();
   auto sha = ModelFileSha256(path);
   j["model"] = {{"name", model_arg}, {"path", path}, {"sha256", sha.ok() ? json(*sha) : json(nullptr)},
                 {"arch", models[0]->config().arch_name}, {"n_vocab", n_vocab}};

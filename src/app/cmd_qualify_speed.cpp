@@ -30,6 +30,7 @@
 #include "app/bench_env.h"
 #include "app/commands.h"
 #include "app/cli.h"
+#include "app/environment.h"
 #include "app/http_client.h"
 #include "app/model_opts.h"
 #include "app/spec_config.h"
@@ -468,10 +469,7 @@ int CmdQualifySpeed(const Args& args) {
     controller = {{"forward_ms_by_rows", fwd}, {"draft_ms_per_token", 1e3 * c.draft_cost_per_token()},
                   {"acceptance_ema", acc}, {"expected_tok_s_by_k", rate}};
   }
-  json env = json::object();
-  for (const char* name : {"MERERUN_THREADS", "MERERUN_CPU", "MERERUN_DRAFT", "MERERUN_DRAFT_TOKENS", "MERERUN_WEIGHTS",
-                           "MERERUN_PATH", "MERERUN_LOG", "OMP_NUM_THREADS"})
-    if (const char* v = std::getenv(name)) env[name] = v;
+  const json env = ControlEnvironment();
   const json git = GitInfo();
   json report = {{"tool", "mererun qualify speed"},
                  {"commit", git["commit"]},

@@ -15,6 +15,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/environment.h"
 #include "app/model_opts.h"
 #include "app/spec_config.h"
 #include "model/catalog.h"
@@ -151,6 +152,7 @@ int CmdServe(const Args& args) {
   sm.max_output_tokens = max_output;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = *signing_key;
+  sm.environment = ControlEnvironment();
   sm.drafter = spec.DrafterName();
   sm.draft_tokens = spec.TokensName();
 

@@ -6,6 +6,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/environment.h"
 
 namespace {
 
@@ -46,6 +47,10 @@ int Dispatch(int argc, char** argv) {
   }
   if (cmd.empty()) {
     PrintUsage(stderr);
+    return mr::app::kUsageError;
+  }
+  if (mr::Status st = mr::app::ApplyEnvironment(); !st.ok()) {
+    std::fprintf(stderr, "mererun: %s\n", st.message().c_str());
     return mr::app::kUsageError;
   }
   const mr::app::Args args(argv + 2, argv + argc);

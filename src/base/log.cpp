@@ -7,15 +7,8 @@
 
 namespace mr {
 namespace {
-LogLevel InitialLevel() {
-  const char* env = std::getenv("MERERUN_LOG");
-  if (!env) return LogLevel::kWarn;
-  if (!std::strcmp(env, "error")) return LogLevel::kError;
-  if (!std::strcmp(env, "info")) return LogLevel::kInfo;
-  if (!std::strcmp(env, "debug")) return LogLevel::kDebug;
-  return LogLevel::kWarn;
-}
-std::atomic<int> g_level{static_cast<int>(InitialLevel())};
+// kWarn until the program sets another level (app/ reads MERERUN_LOG).
+std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
 }  // namespace
 
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }

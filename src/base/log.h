@@ -1,4 +1,5 @@
-// Minimal leveled logging to stderr. Level from MERERUN_LOG (error|warn|info|debug), default warn.
+// Minimal leveled logging to stderr. Level: warn unless SetLogLevel (app/ maps MERERUN_LOG =
+// error|warn|info|debug onto it at start-up).
 #pragma once
 
 #include <cstdarg>

@@ -1,5 +1,7 @@
 #include "base/thread_pool.h"
 
+#include <atomic>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -80,11 +82,14 @@ void ThreadPool::WorkerLoop(int index) {
   }
 }
 
+namespace {
+std::atomic<int> g_default_threads{0};
+}  // namespace
+
+void ThreadPool::SetDefaultThreads(int n) { g_default_threads.store(n > 0 ? n : 0); }
+
 int ThreadPool::DefaultThreads() {
-  if (const char* env = std::getenv("MERERUN_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const int n = g_default_threads.load(); n > 0) return n;
   // Physical cores: distinct (physical id, core id) pairs in /proc/cpuinfo.
   std::ifstream in("/proc/cpuinfo");
   std::set<std::pair<std::string, std::string>> cores;

@@ -44,7 +44,9 @@ class ThreadPool {
     Run(n, ref);
   }
 
-  static int DefaultThreads();  // physical cores (MERERUN_THREADS overrides)
+  // Physical cores, unless SetDefaultThreads chose a count (app/ maps MERERUN_THREADS onto it).
+  static int DefaultThreads();
+  static void SetDefaultThreads(int n);  // n <= 0: physical cores
 
  private:
   void Run(int64_t n, FnRef fn);

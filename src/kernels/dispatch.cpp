@@ -5,6 +5,8 @@
 
 #include "base/log.h"
 #include "kernels/ops.h"
+
+#include <atomic>
 #include "kernels/ref/ops_ref.h"
 #include "kernels/x86/kernels_x86.h"
 
@@ -78,19 +80,29 @@ CpuVariant DetectCpuVariant() {
   return CpuVariant::kScalar;
 }
 
-CpuVariant SelectedCpuVariant() {
-  const char* env = std::getenv("MERERUN_CPU");
-  if (!env || !*env) return DetectCpuVariant();
-  CpuVariant want;
-  if (!std::strcmp(env, "scalar")) want = CpuVariant::kScalar;
-  else if (!std::strcmp(env, "avx2")) want = CpuVariant::kAvx2;
-  else if (!std::strcmp(env, "avx512")) want = CpuVariant::kAvx512;
-  else {
-    MR_LOGW("cpu", "MERERUN_CPU=%s is not one of scalar|avx2|avx512; using %s", env, CpuVariantName(DetectCpuVariant()));
-    return DetectCpuVariant();
+namespace {
+std::atomic<int> g_cpu_request{-1};  // a CpuVariant, or -1: none
+}  // namespace
+
+bool ParseCpuVariant(const std::string& name, CpuVariant* v) {
+  for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
+    if (name == CpuVariantName(c)) {
+      *v = c;
+      return true;
+    }
   }
+  return false;
+}
+
+void RequestCpuVariant(std::optional<CpuVariant> v) { g_cpu_request.store(v ? static_cast<int>(*v) : -1); }
+
+CpuVariant SelectedCpuVariant() {
+  const int req = g_cpu_request.load();
+  if (req < 0) return DetectCpuVariant();
+  const auto want = static_cast<CpuVariant>(req);
   if (!CpuSupports(want)) {
-    MR_LOGW("cpu", "MERERUN_CPU=%s is not supported by this CPU; using %s", env, CpuVariantName(DetectCpuVariant()));
+    MR_LOGW("cpu", "the %s kernels are not supported by this CPU; using %s", CpuVariantName(want),
+            CpuVariantName(DetectCpuVariant()));
     return DetectCpuVariant();
   }
   return want;

@@ -3,6 +3,10 @@
 // their file suffix names and picked at start-up from cpuid + xgetbv (MERERUN_CPU overrides).
 #pragma once
 
+#include <string>
+
+#include <optional>
+
 #include <cstdint>
 
 #include "kernels/kquant.h"
@@ -16,9 +20,13 @@ enum class GluAct { kSilu = 0, kGeluTanh = 1 };
 const char* CpuVariantName(CpuVariant v);
 // Best variant this CPU supports (cpuid + xgetbv: the OS must save the vector state).
 CpuVariant DetectCpuVariant();
-// DetectCpuVariant() unless MERERUN_CPU=scalar|avx2|avx512 asks for another; a request the
-// CPU cannot run falls back to the best supported variant with a warning.
+// DetectCpuVariant() unless RequestCpuVariant asked for another (app/ maps MERERUN_CPU =
+// scalar|avx2|avx512 onto it); a request the CPU cannot run falls back to the best supported
+// variant with a warning.
 CpuVariant SelectedCpuVariant();
+void RequestCpuVariant(std::optional<CpuVariant> v);
+// "scalar", "avx2" or "avx512" (CpuVariantName's names); false for anything else.
+bool ParseCpuVariant(const std::string& name, CpuVariant* v);
 bool CpuSupports(CpuVariant v);
 
 // Integer Q8/g64 kernels on quantized activations. Weight matrices are packed (q8.h); a call

@@ -1,5 +1,7 @@
 #include "model/catalog.h"
 
+#include <mutex>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -30,9 +32,12 @@ bool IsSafeFileName(const std::string& s) {
          s[0] != '.' && s.find('\0') == std::string::npos;
 }
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
+std::mutex g_home_mu;
+HomeSettings g_home;  // guarded by g_home_mu
+
+std::string Env(std::string HomeSettings::*field) {
+  std::lock_guard<std::mutex> lock(g_home_mu);
+  return g_home.*field;
 }
 
 // Field readers: the error says which model and field, and what type was found.
@@ -251,9 +256,14 @@ Result<Catalog> LoadCatalog(const std::string& path) {
   return cat;
 }
 
+void SetHomeSettings(HomeSettings s) {
+  std::lock_guard<std::mutex> lock(g_home_mu);
+  g_home = std::move(s);
+}
+
 Result<std::string> FindCatalogPath() {
   std::error_code ec;
-  if (std::string env = Env("MERERUN_CATALOG"); !env.empty()) {
+  if (std::string env = Env(&HomeSettings::catalog); !env.empty()) {
     if (fs::is_regular_file(env, ec)) return env;
     return NotFound("[catalog] MERERUN_CATALOG='" + env + "' is not a file");
   }
@@ -279,11 +289,11 @@ Result<Catalog> LoadDefaultCatalog() {
 }
 
 std::string MererunHome() {
-  if (std::string home = Env("MERERUN_HOME"); !home.empty()) return home;
+  if (std::string home = Env(&HomeSettings::mererun_home); !home.empty()) return home;
   fs::path cache;
-  if (std::string xdg = Env("XDG_CACHE_HOME"); !xdg.empty()) {
+  if (std::string xdg = Env(&HomeSettings::xdg_cache_home); !xdg.empty()) {
     cache = xdg;
-  } else if (std::string h = Env("HOME"); !h.empty()) {
+  } else if (std::string h = Env(&HomeSettings::home); !h.empty()) {
     cache = fs::path(h) / ".cache";
   } else {
     cache = fs::path("/tmp");

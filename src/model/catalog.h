@@ -65,6 +65,16 @@ Result<Catalog> ParseCatalog(std::string_view json_text, const std::string& orig
 // Reads and parses the file at `path`.
 Result<Catalog> LoadCatalog(const std::string& path);
 
+// Where mererun keeps its files: the environment as app/ reads it at start-up (nothing below
+// app/ reads the environment). Empty fields are unset.
+struct HomeSettings {
+  std::string mererun_home;    // MERERUN_HOME
+  std::string xdg_cache_home;  // XDG_CACHE_HOME
+  std::string home;            // HOME
+  std::string catalog;         // MERERUN_CATALOG
+};
+void SetHomeSettings(HomeSettings s);
+
 // Where the catalog is: $MERERUN_CATALOG if set; else <dir of this executable>/../../models/
 // catalog.json (the binary is build/bin/mererun); else models/catalog.json under the source tree
 // this file was compiled from. Returns the first existing path, or an error listing those tried.

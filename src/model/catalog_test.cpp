@@ -120,18 +120,14 @@ TEST(Catalog, RejectsDuplicateNames) {
   EXPECT_NE(cat.status().message().find("is used twice"), std::string::npos) << cat.status().message();
 }
 
-TEST(Catalog, CacheDirFollowsEnvironment) {
-  const char* old_home = std::getenv("MERERUN_HOME");
-  std::string saved = old_home ? old_home : "";
-  setenv("MERERUN_HOME", "/x/y", 1);
+TEST(Catalog, CacheDirFollowsTheHomeSettings) {
+  SetHomeSettings({"/x/y", "/c", "/h", ""});
   EXPECT_EQ(ModelCacheDir(), "/x/y/models");
-  unsetenv("MERERUN_HOME");
-  const char* old_xdg = std::getenv("XDG_CACHE_HOME");
-  std::string saved_xdg = old_xdg ? old_xdg : "";
-  setenv("XDG_CACHE_HOME", "/c", 1);
+  SetHomeSettings({"", "/c", "/h", ""});
   EXPECT_EQ(ModelCacheDir(), "/c/mererun/models");
-  if (old_xdg) setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1); else unsetenv("XDG_CACHE_HOME");
-  if (old_home) setenv("MERERUN_HOME", saved.c_str(), 1);
+  SetHomeSettings({"", "", "/h", ""});
+  EXPECT_EQ(ModelCacheDir(), "/h/.cache/mererun/models");
+  SetHomeSettings({});
 }
 
 // The catalog shipped in the repository parses and holds the four models the project uses.
@@ -147,15 +143,15 @@ TEST(Catalog, RepositoryCatalogIsValid) {
   }
 }
 
-TEST(Catalog, FindCatalogPathHonoursEnv) {
+TEST(Catalog, FindCatalogPathHonoursTheSetting) {
   const std::string path = std::string(MERERUN_SOURCE_DIR) + "/models/catalog.json";
-  setenv("MERERUN_CATALOG", path.c_str(), 1);
+  SetHomeSettings({"", "", "", path});
   auto found = FindCatalogPath();
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(*found, path);
-  setenv("MERERUN_CATALOG", "/nonexistent/catalog.json", 1);
+  SetHomeSettings({"", "", "", "/nonexistent/catalog.json"});
   EXPECT_FALSE(FindCatalogPath().ok());
-  unsetenv("MERERUN_CATALOG");
+  SetHomeSettings({});
   // Without the variable, the compiled-in source tree (or the exe-relative path) is found.
   EXPECT_TRUE(FindCatalogPath().ok());
 }

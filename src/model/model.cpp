@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -74,12 +76,24 @@ void KvCache::Release() {
   for (auto& x : v) x.Release();
 }
 
-WeightMode DefaultWeightMode() {
-  const char* w = std::getenv("MERERUN_WEIGHTS");
-  if (!w || !*w || !std::strcmp(w, "native")) return WeightMode::kNative;
-  if (!std::strcmp(w, "q8g64")) return WeightMode::kQ8G64;
-  MR_LOGW("model", "MERERUN_WEIGHTS=%s is not one of native|q8g64; using native", w);
-  return WeightMode::kNative;
+namespace {
+std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
+std::atomic<bool> g_default_ref_path{false};
+}  // namespace
+
+WeightMode DefaultWeightMode() { return static_cast<WeightMode>(g_default_weights.load()); }
+void SetDefaultWeightMode(WeightMode m) { g_default_weights.store(static_cast<int>(m)); }
+bool DefaultReferencePath() { return g_default_ref_path.load(); }
+void SetDefaultReferencePath(bool ref) { g_default_ref_path.store(ref); }
+
+bool ParseWeightMode(const std::string& name, WeightMode* m) {
+  for (WeightMode w : {WeightMode::kNative, WeightMode::kQ8G64}) {
+    if (name == WeightModeName(w)) {
+      *m = w;
+      return true;
+    }
+  }
+  return false;
 }
 
 const char* WeightModeName(WeightMode m) { return m == WeightMode::kNative ? "native" : "q8g64"; }
@@ -102,8 +116,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     return Unsupported("[model] architecture '" + arch + "' is not supported (supported: llama, qwen2, gemma3)");
   }
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
-  const char* path_env = std::getenv("MERERUN_PATH");
-  m->ref_path_ = opts.ref_path || (path_env && std::strcmp(path_env, "ref") == 0);
+  m->ref_path_ = opts.ref_path || DefaultReferencePath();
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
   m->native_weights_ = opts.weights == WeightMode::kNative;
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));

@@ -125,8 +125,14 @@ struct KvCache {
 // Fast-path weight formats. kNative: Q4_K and Q6_K tensors keep the file's words (kquant.h),
 // other types are converted to Q8/g64; kQ8G64: every matrix is converted to Q8/g64.
 enum class WeightMode { kNative, kQ8G64 };
-// MERERUN_WEIGHTS=native|q8g64, else kNative (with a warning for another value).
+// kNative unless SetDefaultWeightMode chose another (app/ maps MERERUN_WEIGHTS onto it).
 WeightMode DefaultWeightMode();
+void SetDefaultWeightMode(WeightMode m);
+// "native" or "q8g64" (WeightModeName's names); false for anything else.
+bool ParseWeightMode(const std::string& name, WeightMode* m);
+// The reference path for every load (app/ maps MERERUN_PATH=ref onto it); false by default.
+bool DefaultReferencePath();
+void SetDefaultReferencePath(bool ref);
 const char* WeightModeName(WeightMode m);  // "native" or "q8g64"
 
 struct LoadOptions {

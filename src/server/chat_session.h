@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,8 @@ struct ServedModel {
   // Speculative decoding as configured (reported in /health): drafter and draft length names.
   std::string drafter = "off";
   std::string draft_tokens = "auto";
+  // The numerics- and scheduling-affecting MERERUN_* variables that are set (/health).
+  std::map<std::string, std::string> environment;
 };
 
 struct PreparedChat {

@@ -347,7 +347,8 @@ struct HttpServer::Impl {
     const Json body = {{"status", status},         {"model", sm.id},           {"active", st.active},
                        {"queued", st.queued},      {"max_active", st.max_active}, {"max_queued", st.max_queued},
                        {"n_ctx", st.n_ctx},
-                       {"speculation", {{"drafter", sm.drafter}, {"draft_tokens", sm.draft_tokens}}}};
+                       {"speculation", {{"drafter", sm.drafter}, {"draft_tokens", sm.draft_tokens}}},
+                       {"environment", sm.environment}};
     res.status = ready ? 200 : 503;
     res.SetContent(body.dump(), "application/json");
   }

@@ -82,10 +82,11 @@ def test_greedy_output_over_http_is_the_plain_output(mererun_bin, plain, args, d
 
 def test_sampled_requests_draft_and_stream(mererun_bin, model_path):
     model_path(MODEL)
-    s = ServerProcess(mererun_bin, MODEL, "-c", "2048")  # the default: n-gram lookup, auto
+    s = ServerProcess(mererun_bin, MODEL, "-c", "2048", env={"MERERUN_WEIGHTS": "native"})  # default drafting
     try:
-        assert requests.get(s.base_url + "/health", timeout=10).json()["speculation"] == {
-            "drafter": "ngram", "draft_tokens": "auto"}
+        health = requests.get(s.base_url + "/health", timeout=10).json()
+        assert health["speculation"] == {"drafter": "ngram", "draft_tokens": "auto"}
+        assert health["environment"].get("MERERUN_WEIGHTS") == "native"
         before = spec_counts(s)
         for _ in range(3):
             assert generate(s, PROMPTS[0], temperature=1.0, max_tokens=64)
@@ -109,6 +110,11 @@ def test_sampled_requests_draft_and_stream(mererun_bin, model_path):
     ([], {"MERERUN_DRAFT": "bogus"}, "MERERUN_DRAFT"),
     ([], {"MERERUN_DRAFT_TOKENS": "99"}, "MERERUN_DRAFT_TOKENS"),
     (["--draft-tokens", "x"], {}, "--draft-tokens"),
+    # Every MERERUN_* control is validated at start-up, by name, with its allowed values.
+    ([], {"MERERUN_WEIGHTS": "q4"}, "MERERUN_WEIGHTS='q4' is not valid; allowed: native, q8g64"),
+    ([], {"MERERUN_THREADS": "0"}, "MERERUN_THREADS"),
+    ([], {"MERERUN_CPU": "neon"}, "scalar, avx2, avx512"),
+    ([], {"MERERUN_LOG": "loud"}, "MERERUN_LOG"),
 ])
 def test_bad_draft_configuration_is_a_startup_error(mererun_bin, model_path, args, env, needle):
     model_path(MODEL)
