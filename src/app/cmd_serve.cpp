@@ -183,8 +183,8 @@ int CmdServe(const Args& args) {
   server::ServerMetrics metrics;
   sm.metrics = &metrics;
   server::Engine engine(*model, eopts, &metrics);
-  // The warm-up generation runs before the port opens, so the first client is served at once.
-  while (engine.Status().state == server::EngineState::kLoading) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The port opens at once: during the warm-up generation /health says "loading" (503) and
+  // requests get 529 with retry-after, so clients and load balancers wait for readiness.
   sm.engine = &engine;
   server::HttpServer http(sm, sopts);
 

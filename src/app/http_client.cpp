@@ -30,10 +30,8 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-}  // namespace
-
-Result<HttpReply> HttpPostJson(const std::string& host, int port, const std::string& target, const std::string& body,
-                               std::chrono::seconds timeout) {
+Result<HttpReply> Exchange(http::verb verb, const std::string& host, int port, const std::string& target,
+                           const std::string& body, std::chrono::seconds timeout) {
   const auto t0 = Clock::now();
   try {
     net::io_context ioc;
@@ -41,11 +39,13 @@ Result<HttpReply> HttpPostJson(const std::string& host, int port, const std::str
     beast::tcp_stream stream(ioc);
     stream.expires_after(timeout);
     stream.connect(resolver.resolve(host, std::to_string(port)));
-    http::request<http::string_body> req{http::verb::post, target, 11};
+    http::request<http::string_body> req{verb, target, 11};
     req.set(http::field::host, host + ":" + std::to_string(port));
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
-    req.prepare_payload();
+    if (verb == http::verb::post) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+      req.prepare_payload();
+    }
     http::write(stream, req);
     beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
@@ -65,8 +65,20 @@ Result<HttpReply> HttpPostJson(const std::string& host, int port, const std::str
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);
     return reply;
   } catch (const std::exception& e) {
-    return IoError("POST http://" + host + ":" + std::to_string(port) + target + ": " + e.what());
+    return IoError(std::string(http::to_string(verb)) + " http://" + host + ":" + std::to_string(port) + target + ": " +
+                   e.what());
   }
+}
+
+}  // namespace
+
+Result<HttpReply> HttpPostJson(const std::string& host, int port, const std::string& target, const std::string& body,
+                               std::chrono::seconds timeout) {
+  return Exchange(http::verb::post, host, port, target, body, timeout);
+}
+
+Result<HttpReply> HttpGet(const std::string& host, int port, const std::string& target, std::chrono::seconds timeout) {
+  return Exchange(http::verb::get, host, port, target, "", timeout);
 }
 
 bool ParseHttpUrl(const std::string& url, std::string* host, int* port) {
@@ -81,6 +93,7 @@ bool ParseHttpUrl(const std::string& url, std::string* host, int* port) {
 Status ServeProcess::Start(const std::vector<std::string>& args,
                            const std::vector<std::pair<std::string, std::string>>& env, std::chrono::seconds timeout) {
   Stop();
+  port_ = 0;
   char tmpl[] = "/tmp/mererun-qualify-serve-XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd < 0) return IoError("cannot create a log file for the server");
@@ -117,9 +130,11 @@ Status ServeProcess::Start(const std::vector<std::string>& args,
   while (Clock::now() < deadline) {
     const std::string log = ReadFile(log_path_);
     std::smatch m;
-    if (std::regex_search(log, m, listening)) {
-      port_ = std::atoi(m[1].str().c_str());
-      return Status::Ok();
+    if (port_ == 0 && std::regex_search(log, m, listening)) port_ = std::atoi(m[1].str().c_str());
+    // The port opens before the warm-up ends: ready when /health answers 200.
+    if (port_ != 0) {
+      auto h = HttpGet("127.0.0.1", port_, "/health", std::chrono::seconds(10));
+      if (h.ok() && h->status == 200) return Status::Ok();
     }
     int wstatus = 0;
     if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
@@ -129,7 +144,7 @@ Status ServeProcess::Start(const std::vector<std::string>& args,
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   Stop();
-  return Internal("the server did not listen within " + std::to_string(timeout.count()) + " s (log: " + log_path_ + ")");
+  return Internal("the server was not ready within " + std::to_string(timeout.count()) + " s (log: " + log_path_ + ")");
 }
 
 void ServeProcess::Stop() {

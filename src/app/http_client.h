@@ -24,6 +24,8 @@ struct HttpReply {
 // the exchange fails or `timeout` passes.
 Result<HttpReply> HttpPostJson(const std::string& host, int port, const std::string& target, const std::string& body,
                                std::chrono::seconds timeout = std::chrono::seconds(3600));
+Result<HttpReply> HttpGet(const std::string& host, int port, const std::string& target,
+                          std::chrono::seconds timeout = std::chrono::seconds(60));
 
 // Splits "http://host:port" (no path); false when it is not of that form.
 bool ParseHttpUrl(const std::string& url, std::string* host, int* port);

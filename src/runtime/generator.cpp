@@ -31,14 +31,14 @@ SamplingParams ModelDefaultSampling(const Model& model) {
   return s;
 }
 
-Result<GenerateStats> Generator::WarmUp(const SpecParams& spec, int64_t max_tokens) {
+Result<GenerateStats> Generator::WarmUp(const SpecParams& spec, int64_t max_tokens, const CancelFn& cancelled) {
   const std::vector<TokenId> prompt = model().tokenizer().Encode(
       "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", /*add_special=*/true, false);
   GenerateParams p;
   p.sampling = ModelDefaultSampling(model());
   p.max_tokens = max_tokens;
   p.spec = spec;
-  auto r = Generate(prompt, p, [](TokenId) { return true; });
+  auto r = Generate(prompt, p, [](TokenId) { return true; }, cancelled);
   ResetCache();
   return r;
 }

@@ -41,7 +41,8 @@ class Generator {
   // Start-up warm-up: one short generation with the model's default sampling and `spec`, so the
   // first request does not pay first-use costs (page faults, workspace growth) and the cost
   // controller starts calibrated. Leaves the cache empty.
-  Result<GenerateStats> WarmUp(const SpecParams& spec, int64_t max_tokens = 32);
+  // `cancelled` (optional) ends it early (a shutdown during start-up).
+  Result<GenerateStats> WarmUp(const SpecParams& spec, int64_t max_tokens = 32, const CancelFn& cancelled = nullptr);
 
   int64_t n_ctx() const { return seq_.n_ctx(); }
   const CostController& controller() const { return seq_.controller(); }

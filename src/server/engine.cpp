@@ -276,8 +276,20 @@ void Engine::Impl::WarmUp() {
   spec.drafter = drafter.get();
   spec.draft_tokens = opts.draft_tokens;
   spec.adaptive = opts.draft_adaptive;
-  auto r = g.WarmUp(spec, drafter != nullptr ? 32 : 8);
-  if (!r.ok()) MR_LOGW("engine", "warm-up failed: %s", r.status().message().c_str());
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.warm_up_s));
+  const auto t0 = Clock::now();
+  auto r = g.WarmUp(spec, drafter != nullptr ? 32 : 8, [this, deadline] {
+    if (Clock::now() >= deadline) return true;
+    std::lock_guard<std::mutex> lock(mu);
+    return state != EngineState::kLoading;
+  });
+  if (!r.ok()) {
+    MR_LOGW("engine", "warm-up failed: %s", r.status().message().c_str());
+  } else {
+    MR_LOGI("engine", "warm-up: %lld tokens in %.2f s (%lld drafted, %lld accepted)%s", (long long)r->generated,
+            Since(t0), (long long)r->drafted, (long long)r->accepted,
+            r->stop == StopCause::kCancelled ? ", cut short" : "");
+  }
 }
 
 Engine::Impl::Slot* Engine::Impl::SlotOf(sched::SeqId id) {

@@ -93,7 +93,11 @@ struct EngineOptions {
   int64_t step_rows = 64;           // rows per engine step, all sequences together
   int64_t prefill_chunk = 256;      // rows one sequence prefills per step (cancellation point)
   size_t prefix_cache_bytes = size_t{1} << 30;  // 0: no prefix cache
-  bool warm_up = true;              // one short generation before accepting requests
+  // One short sampled generation (drafting when speculation is on) before accepting requests;
+  // until it ends the engine is `loading` (/health 503, requests 529). At most warm_up_s, and it
+  // ends early when a drain starts (SIGTERM during start-up).
+  bool warm_up = true;
+  double warm_up_s = 60.0;
   // Speculative decoding: each sequence slot gets a drafter from make_drafter (null function or
   // null result: plain decoding), with at most draft_tokens drafts per step, the cost controller
   // choosing 0..draft_tokens per step when draft_adaptive. Draft rows are granted by the

@@ -1,7 +1,10 @@
 """A `mererun serve` process for end-to-end tests: started on a free port (--port 0), its
 stderr kept in a log file (tests read it to see cancellations), stopped with SIGTERM."""
+import json
 import os
 import re
+import urllib.error
+import urllib.request
 import subprocess
 import tempfile
 import time
@@ -9,7 +12,7 @@ from pathlib import Path
 
 
 class ServerProcess:
-    def __init__(self, binary: Path, model: str, *args, env=None, startup_timeout=120):
+    def __init__(self, binary: Path, model: str, *args, env=None, startup_timeout=120, wait_ready=True):
         self.log_path = Path(tempfile.mkstemp(prefix="mererun-serve-", suffix=".log")[1])
         full_env = dict(os.environ)
         full_env.setdefault("MERERUN_LOG", "info")
@@ -35,6 +38,32 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"mererun serve did not start in {startup_timeout}s:\n{self.log()}")
         self.base_url = f"http://127.0.0.1:{self.port}"
+        # The port opens before the warm-up generation ends; /health answers 503 "loading" until
+        # then (requests would get 529). wait_ready=False leaves that to the test.
+        if wait_ready:
+            self.wait_ready(deadline - time.time())
+
+    def health(self):
+        with urllib.request.urlopen(self.base_url + "/health", timeout=10) as r:
+            return r.status, json.loads(r.read())
+
+    def wait_ready(self, timeout=120.0):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if self.health()[0] == 200:
+                    return
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mererun serve exited with {self.proc.returncode}:\n{self.log()}")
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"mererun serve was not ready in time:\n{self.log()}")
+            time.sleep(0.05)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

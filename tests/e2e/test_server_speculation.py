@@ -129,3 +129,39 @@ def test_bad_draft_configuration_is_a_startup_error(mererun_bin, model_path, arg
         assert "vocabulary" in r.stderr and MODEL in r.stderr, r.stderr
     if "no-such-model-xyz" in args:
         assert "mererun pull" in r.stderr or "catalog" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_warm_up_is_loading_then_ready_and_sigterm_cuts_it_short(mererun_bin, model_path):
+    """The port opens before the (sampled, drafting) warm-up ends: /health says loading (503) and
+    requests get 529 with retry-after until it is done. Qwen 1.5B's warm-up takes seconds here,
+    so the window is observable. A SIGTERM during the warm-up ends it early."""
+    model_path("qwen2.5-coder-1.5b-instruct")
+    import signal
+    import time
+    s = ServerProcess(mererun_bin, "qwen2.5-coder-1.5b-instruct", "-c", "2048", wait_ready=False,
+                      env={"MERERUN_LOG": "info"})
+    try:
+        r = requests.get(s.base_url + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["status"] == "loading", r.text
+        r = requests.post(s.base_url + "/v1/messages", timeout=30, json={
+            "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 529 and int(r.headers["retry-after"]) >= 1, r.text
+        s.wait_ready(300)
+        assert requests.get(s.base_url + "/health", timeout=10).json()["status"] == "ok"
+        assert re.search(r"warm-up: \d+ tokens in [\d.]+ s \((\d+) drafted", s.log())
+    finally:
+        s.stop()
+    s = ServerProcess(mererun_bin, "qwen2.5-coder-1.5b-instruct", "-c", "2048", wait_ready=False,
+                      env={"MERERUN_LOG": "info"})
+    try:
+        assert requests.get(s.base_url + "/health", timeout=10).json()["status"] == "loading"
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(timeout=60)
+        took = time.time() - t0
+        print(f"SIGTERM during the warm-up: exited in {took:.2f} s")
+        assert took < 10, took
+        assert "cut short" in s.log() or "warm-up" not in s.log(), s.log()[-2000:]
+    finally:
+        s.stop()
