@@ -15,6 +15,7 @@ build/bin/mererun pull "${MODELS[@]}" || { echo "[test] model pull failed" >&2; 
 
 failed=()
 jobs="${MERERUN_JOBS:-2}"
+bash scripts/format.sh --check || failed+=("format")
 if [ "${QUICK:-0}" = 1 ]; then
   ctest --preset release -L unit --parallel "$jobs" || failed+=("ctest")
   pytest_sel=(-m "not slow")

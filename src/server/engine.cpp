@@ -27,6 +27,7 @@ uint64_t CacheConfigKey(const Model& m) {
   mix(m.file().path());
   mix(std::to_string(m.file().file_size()));
   mix(m.ref_path() ? "ref" : "fast");
+  mix(WeightModeName(m.weight_mode()));
   mix(std::to_string(static_cast<int>(m.cpu_variant())));
   mix(std::to_string(kActGroup));
   return h;
