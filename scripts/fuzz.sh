@@ -2,11 +2,14 @@
 # Builds the libFuzzer targets (preset "fuzz": clang-14, ASan+UBSan) and runs each one on a copy
 # of its committed seed corpus (tests/fuzz/corpus/TARGET), new inputs kept in build-fuzz/corpus.
 #   FUZZ_SECONDS=N   time per target (default 60)
-#   FUZZ_RUNS=N      executions per target instead (e.g. 1000000)
+#   FUZZ_RUNS=N      executions per target instead (e.g. 1000000); with FUZZ_SECONDS also set,
+#                    whichever comes first
 #   FUZZ_TARGETS="gguf requests"  a subset
-# Prints one line per target (executions, seconds, outcome) and a JSON summary to
-# build-fuzz/fuzz-summary.json; exits non-zero when a target found a crash (the reproducer is
-# left in build-fuzz/ as crash-* / leak-* / timeout-*).
+#   FUZZ_SUMMARY=PATH  where the JSON summary goes (default build-fuzz/fuzz-summary.json)
+# Prints one line per target (executions, seconds, exec/s, findings, outcome) and the JSON
+# summary (CPU, commit with -dirty when the tree had changes, per target: executions, seconds,
+# exec/s, findings, rc); exits non-zero when a target found a crash (the reproducer is left in
+# build-fuzz/ as crash-* / leak-* / timeout-* / oom-*).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,13 +25,20 @@ fi
   exit 1
 }
 limit=(-max_total_time="${FUZZ_SECONDS:-60}")
-[ -n "${FUZZ_RUNS:-}" ] && limit=(-runs="$FUZZ_RUNS")
+if [ -n "${FUZZ_RUNS:-}" ]; then
+  limit=(-runs="$FUZZ_RUNS")
+  [ -n "${FUZZ_SECONDS:-}" ] && limit+=(-max_total_time="$FUZZ_SECONDS")
+fi
 failed=0
 summary="["
+out="${FUZZ_SUMMARY:-build-fuzz/fuzz-summary.json}"
+commit=$(git describe --always --dirty --abbrev=7 2>/dev/null)
 for t in "${targets[@]}"; do
   work="build-fuzz/corpus/$t"
   mkdir -p "$work"
   log="build-fuzz/fuzz-$t.log"
+  marker="build-fuzz/.fuzz-start-$t"
+  touch "$marker"
   start=$(date +%s)
   # -rss_limit_mb: a hostile input must not make the process balloon; -timeout: nor hang it.
   (cd build-fuzz && ASAN_OPTIONS=detect_leaks=1 "bin/fuzz_$t" "${limit[@]}" -rss_limit_mb=3072 -timeout=30 \
@@ -36,11 +46,14 @@ for t in "${targets[@]}"; do
   rc=$?
   secs=$(( $(date +%s) - start ))
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  rate=$(( ${execs:-0} / (secs > 0 ? secs : 1) ))
+  findings=$(find build-fuzz -maxdepth 1 -newer "$marker" \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l)
+  rm -f "$marker"
   outcome=ok
   if [ $rc -ne 0 ]; then outcome="FAILED (rc $rc, see $log)"; failed=1; tail -30 "$log" >&2; fi
-  printf '[fuzz] %-10s %10s executions in %4ss: %s\n' "$t" "${execs:-?}" "$secs" "$outcome"
-  summary+="{\"target\":\"$t\",\"executions\":${execs:-0},\"seconds\":$secs,\"rc\":$rc},"
+  printf '[fuzz] %-10s %10s executions in %5ss (%s/s), %s findings: %s\n' "$t" "${execs:-?}" "$secs" "$rate" "$findings" "$outcome"
+  summary+="{\"target\":\"$t\",\"executions\":${execs:-0},\"seconds\":$secs,\"exec_per_s\":$rate,\"findings\":$findings,\"rc\":$rc},"
 done
 summary="${summary%,}]"
-echo "{\"cpu\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"targets\":$summary}" >build-fuzz/fuzz-summary.json
+echo "{\"cpu\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')\",\"commit\":\"$commit\",\"targets\":$summary}" >"$out"
 exit $failed

@@ -120,6 +120,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
   m->native_weights_ = opts.weights == WeightMode::kNative;
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
+  if (opts.vocab_only) {
+    m->vocab_only_ = true;
+    MR_LOGI("model", "loaded %s: %s, vocabulary only (%lld tokens), no weights", path.c_str(), arch.c_str(),
+            (long long)m->tokenizer_->vocab_size());
+    return m;
+  }
   MR_RETURN_IF_ERROR(m->LoadWeights());
   m->InitRope();
   MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB weights (%s: %lld matrices native, rest q8/g64), %s path, %s, %d threads",
@@ -509,6 +515,7 @@ void Model::RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa) {
 // Validates a batch before anything is touched. Messages name the sequence when there are
 // several; a batch of one (Forward) gets Forward's messages.
 Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
+  if (vocab_only_) return InvalidArgument("[model] loaded vocabulary only (LoadOptions::vocab_only): no weights to run");
   if (seqs.empty()) return InvalidArgument("[model] ForwardBatch called with no sequences");
   const bool many = seqs.size() > 1;
   for (size_t i = 0; i < seqs.size(); ++i) {

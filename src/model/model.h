@@ -142,6 +142,9 @@ struct LoadOptions {
   bool ref_path = false;
   CpuVariant cpu = SelectedCpuVariant();
   WeightMode weights = DefaultWeightMode();
+  // Metadata, hyperparameters and tokenizer only, no weights (weight_bytes() 0): for what only
+  // tokenizes or renders (the fuzz targets). Forward and ForwardBatch refuse such a model.
+  bool vocab_only = false;
 };
 
 class Model {
@@ -155,6 +158,7 @@ class Model {
   size_t weight_bytes() const;  // bytes of fast-path weights read per token (their own formats)
   int64_t native_matrices() const { return n_native_; }  // matrices kept in a native K-quant format
   bool ref_path() const { return ref_path_; }
+  bool vocab_only() const { return vocab_only_; }  // LoadOptions::vocab_only
   CpuVariant cpu_variant() const { return kernels_->variant; }
   int n_threads() const { return pool_->size(); }
   WeightMode weight_mode() const { return native_weights_ ? WeightMode::kNative : WeightMode::kQ8G64; }
@@ -202,6 +206,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ThreadPool> pool_;
   bool ref_path_ = false;
+  bool vocab_only_ = false;
   const KernelTable* kernels_ = nullptr;
   // Workspaces, grown on demand.
   QActs qa_;

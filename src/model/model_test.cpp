@@ -317,6 +317,36 @@ TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {
   EXPECT_EQ(kv.n_past, 0);
 }
 
+// vocab_only (the fuzz targets' tokenizer and template source): the same metadata and
+// tokenizer as a full load, no weights, and Forward refused rather than run on empty matrices.
+TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
+  TinySpec s;
+  s.arch = GetParam();
+  const std::string path = WriteTinyModel(s, 9);
+  auto full = LoadTiny(path, false);
+  ASSERT_TRUE(full);
+  LoadOptions o;
+  o.n_threads = 1;
+  o.vocab_only = true;
+  auto m = Model::Load(path, o);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_TRUE((*m)->vocab_only());
+  EXPECT_FALSE(full->vocab_only());
+  EXPECT_EQ((*m)->weight_bytes(), 0u);
+  EXPECT_EQ((*m)->config().n_vocab, full->config().n_vocab);
+  EXPECT_EQ((*m)->tokenizer().vocab_size(), full->tokenizer().vocab_size());
+  EXPECT_EQ((*m)->tokenizer().Encode("0123 45", true, true), full->tokenizer().Encode("0123 45", true, true));
+  EXPECT_EQ((*m)->file().GetString("general.architecture"), full->file().GetString("general.architecture"));
+  KvCache kv = (*m)->NewKvCache(4);
+  std::vector<float> logits(s.vocab);
+  const TokenId one = 1;
+  const Status st = (*m)->Forward(kv, &one, 1, false, logits.data());
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("vocab_only"), std::string::npos) << st.message();
+  EXPECT_EQ(kv.n_past, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest, ::testing::Values("llama", "qwen2", "gemma3"));
 
 // ---- Malformed model files -----------------------------------------------------------------

@@ -509,7 +509,7 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kText: {
       if (ev.text.empty()) break;
       if (open_ != Block::kText) out += OpenBlock(Block::kText, {{"type", "text"}, {"text", ""}});
-      content_.back()["text"] = content_.back()["text"].get<std::string>() + ev.text;
+      content_.back()["text"].get_ref<std::string&>() += ev.text;  // appended in place: linear in the reply
       out += Sse("content_block_delta", {{"type", "content_block_delta"},
                                          {"index", content_.size() - 1},
                                          {"delta", {{"type", "text_delta"}, {"text", ev.text}}}});
@@ -519,7 +519,7 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
       if (open_ != Block::kThinking)
         out += OpenBlock(Block::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
       if (opts_.thinking_omitted || ev.text.empty()) break;
-      content_.back()["thinking"] = content_.back()["thinking"].get<std::string>() + ev.text;
+      content_.back()["thinking"].get_ref<std::string&>() += ev.text;
       out += Sse("content_block_delta", {{"type", "content_block_delta"},
                                          {"index", content_.size() - 1},
                                          {"delta", {{"type", "thinking_delta"}, {"thinking", ev.text}}}});

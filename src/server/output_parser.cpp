@@ -199,6 +199,7 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
           buf_.erase(0, best + best_len);
           mode_ = Mode::kToolCall;
           tool_buf_.clear();
+          tool_close_from_ = 0;
           continue;
         }
         size_t keep = 0;
@@ -250,7 +251,11 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
       case Mode::kToolCall: {
         tool_buf_ += buf_;
         buf_.clear();
-        const size_t end = tool_buf_.find(kToolClose);
+        // Searched from where a close tag could still start: each byte of a long call is
+        // scanned about once, not once per Feed.
+        const size_t end = tool_buf_.find(kToolClose, tool_close_from_);
+        if (end == std::string::npos && tool_buf_.size() >= kToolClose.size())
+          tool_close_from_ = tool_buf_.size() - kToolClose.size() + 1;
         if (end != std::string::npos) {
           buf_ = tool_buf_.substr(end + kToolClose.size());
           const std::string body = tool_buf_.substr(0, end);

@@ -66,6 +66,7 @@ class OutputParser {
   Mode mode_ = Mode::kContent;
   std::string buf_;        // undecided input
   std::string tool_buf_;   // body of the open tool call (or of a bare JSON object)
+  size_t tool_close_from_ = 0;  // kToolCall: tool_buf_ holds no "</tool_call>" starting before this
   int json_depth_ = 0;     // kBareJson: brace depth, string state
   bool json_in_string_ = false;
   bool json_escape_ = false;

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -129,6 +130,49 @@ TEST(OutputParser, InvalidToolCallStaysText) {
   const auto ev2 = FeedAll(q, {"<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>"});
   ASSERT_EQ(ev2.size(), 1u);
   EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kText);
+}
+
+// The close tag split at every point between feeds (fixed-size chunks of 1..14 bytes, so the
+// tag straddles chunk boundaries at every offset), with calls back to back.
+TEST(OutputParser, ToolCallCloseTagAcrossAnyChunking) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool\"}}\n</tool_call>";
+  const std::string text = call + call + "done";
+  for (size_t step = 1; step <= 14; ++step) {
+    std::vector<std::string> chunks;
+    for (size_t i = 0; i < text.size(); i += step) chunks.push_back(text.substr(i, step));
+    OutputParser p(o);
+    const auto ev = FeedAll(p, chunks);
+    ASSERT_EQ(ev.size(), 3u) << "step " << step;
+    EXPECT_EQ(ev[0].call.arguments["city"], "</tool") << "step " << step;
+    EXPECT_EQ(ev[1].kind, ParsedEvent::Kind::kToolCall) << "step " << step;
+    EXPECT_EQ(ev[2].text, "done") << "step " << step;
+  }
+}
+
+// Regression (found reading the parser while profiling fuzz_output): an open tool call was
+// searched for its close tag from its start on every Feed, quadratic in the call's length. A
+// 512 KB argument made of near-misses ("</tool_call" without its ">") fed a byte at a time took
+// over a minute under ASan; now each byte is searched about once.
+TEST(OutputParser, LongToolCallFedByteByByteIsLinear) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  std::string city;
+  while (city.size() < (512u << 10)) city += "</tool_call";
+  const std::string text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" + city + "\"}}</tool_call>";
+  const auto t0 = std::chrono::steady_clock::now();
+  OutputParser p(o);
+  std::vector<ParsedEvent> out;
+  for (char c : text) p.Feed(std::string_view(&c, 1), &out);
+  p.Finish(&out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(out[0].call.arguments["city"], city);
+  EXPECT_LT(s, 10.0) << "a 512 KB tool call fed byte by byte took " << s << " s";
 }
 
 // Regression: tool-call markup inside reasoning is never turned into a call.
@@ -391,6 +435,33 @@ TEST(AnthropicWriter, EventSequenceWithThinkingAndToolUse) {
   EXPECT_EQ(msg["content"][0]["thinking"], "hmm");
   EXPECT_EQ(msg["content"][2]["input"]["city"], "Paris");
   EXPECT_EQ(msg["stop_reason"], "tool_use");
+}
+
+// Regression (found profiling fuzz_output): each text or thinking delta copied the whole block
+// text so far (quadratic in the reply; 4 MB in 40,000 deltas copied ~80 GB). The block is now
+// appended in place; the message still holds exactly the deltas' concatenation.
+TEST(AnthropicWriter, LongRepliesAreAppendedInPlace) {
+  ServedModel sm = FakeServed();
+  AnthropicWriter w(sm, AnthropicOptions{}, 1);
+  (void)w.Start();
+  std::string want_thinking, want_text;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 40000; ++i) {
+    const bool thinking = i < 1000;
+    const std::string piece = std::to_string(i) + std::string(95, 'x');
+    (thinking ? want_thinking : want_text) += piece;
+    (void)w.Event(Ev(thinking ? StreamEvent::Kind::kReasoning : StreamEvent::Kind::kText, piece));
+  }
+  StreamEvent d;
+  d.kind = StreamEvent::Kind::kDone;
+  (void)w.Event(d);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Json msg = w.Message();
+  ASSERT_EQ(msg["content"].size(), 2u);
+  EXPECT_EQ(msg["content"][0]["thinking"], want_thinking);
+  EXPECT_EQ(msg["content"][0]["signature"], SignThinking("k", "test-model", want_thinking));
+  EXPECT_EQ(msg["content"][1]["text"], want_text);
+  EXPECT_LT(s, 8.0) << "40,000 deltas took " << s << " s";
 }
 
 TEST(OpenAIWriter, ChunksEndWithUsageAndDone) {

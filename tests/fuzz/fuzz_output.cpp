@@ -1,7 +1,14 @@
 // libFuzzer target: generated text (split into chunks at input-chosen points) through the
 // streaming output parser (reasoning, tool calls against a schema, stop sequences), then the
-// Anthropic and OpenAI writers. Every SSE `data:` line and every final JSON body must be valid
-// JSON whatever the model emits. Seeds: tests/fuzz/corpus/output.
+// Anthropic and OpenAI writers, streaming (every SSE `data:` line) and whole (Message(),
+// Completion()), ending in a finish reason or an error event chosen by the input. Everything a
+// writer emits must be valid JSON whatever the model emits. Seeds: tests/fuzz/corpus/output.
+//
+// Input: byte 0 flags, byte 1 chunk size, the rest is the generated text.
+//   bit 0 start in reasoning, bit 1 parse tool calls, bit 2 forced tool call prefill,
+//   bit 3 thinking display "omitted", bit 4 a kStarted event with cache counts first,
+//   bits 5-7 the end: 0 as the parser says (stop sequence or end turn), 1 max tokens,
+//   2 tool use, 3 cancelled, 4 an error event (the text's first bytes as its message), 5-7 as 0.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,18 +23,44 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// Validity only (Json::accept: the parser without building the document).
+void CheckJson(std::string_view text, const char* what) {
+  if (!Json::accept(text.begin(), text.end())) {
+    std::fprintf(stderr, "invalid JSON in %s: %.*s\n", what, static_cast<int>(text.size()), text.data());
+    std::abort();
+  }
+}
+
 void CheckSse(const std::string& sse) {
   size_t pos = 0;
   while ((pos = sse.find("data: ", pos)) != std::string::npos) {
     const size_t end = sse.find('\n', pos);
-    const std::string line = sse.substr(pos + 6, end - pos - 6);
+    const std::string_view line = std::string_view(sse).substr(pos + 6, end - pos - 6);
     pos = end;
     if (line == "[DONE]") continue;
-    if (Json::parse(line, nullptr, false).is_discarded()) {
-      std::fprintf(stderr, "invalid JSON in an SSE line: %s\n", line.c_str());
-      std::abort();
-    }
+    CheckJson(line, "an SSE line");
   }
+}
+
+const mr::ChatTool& Tool() {
+  static const mr::ChatTool tool = [] {
+    mr::ChatTool t;
+    t.name = "read";
+    t.parameters = Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
+                                   "required": ["path"]})");
+    return t;
+  }();
+  return tool;
+}
+
+const mr::server::ServedModel& Served() {
+  static const mr::server::ServedModel sm = [] {
+    mr::server::ServedModel s;
+    s.id = "fuzz";
+    s.signing_key = "k";
+    return s;
+  }();
+  return sm;
 }
 
 }  // namespace
@@ -35,29 +68,34 @@ void CheckSse(const std::string& sse) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   using namespace mr::server;
+  const uint8_t flags = data[0];
   OutputParser::Options o;
-  o.start_in_reasoning = data[0] & 1;
-  o.parse_tool_calls = data[0] & 2;
+  o.start_in_reasoning = flags & 1;
+  o.parse_tool_calls = flags & 2;
   o.stop_sequences = {"STOP", "\n\n\n"};
-  if (data[0] & 4) o.tool_call_prefill = "<tool_call>\n{\"name\": \"";
-  mr::ChatTool tool;
-  tool.name = "read";
-  tool.parameters = Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
-                                   "required": ["path"]})");
-  o.tools = {tool};
+  if (flags & 4) o.tool_call_prefill = "<tool_call>\n{\"name\": \"";
+  o.tools = {Tool()};
   OutputParser parser(o);
   const size_t step = 1 + data[1] % 16;
   const std::string_view text(reinterpret_cast<const char*>(data) + 2, size - 2);
-  ServedModel sm;
-  sm.id = "fuzz";
-  sm.signing_key = "k";
   AnthropicOptions ao;
   ao.stream = true;
-  AnthropicWriter aw(sm, ao, 10);
+  ao.thinking_omitted = flags & 8;
+  AnthropicWriter aw(Served(), ao, 10);
   OpenAIOptions oo;
   oo.stream = true;
   oo.include_usage = true;
   OpenAIWriter ow(oo, 10);
+  if (flags & 16) {
+    StreamEvent started;
+    started.kind = StreamEvent::Kind::kStarted;
+    started.input_tokens = 10;
+    started.cache_read_tokens = data[1] % 11;
+    started.cache_creation_5m_tokens = (10 - started.cache_read_tokens) / 2;
+    started.cache_creation_1h_tokens = data[1] & 1;
+    CheckSse(aw.Event(started));
+    CheckSse(ow.Event(started));
+  }
   CheckSse(aw.Start());
   CheckSse(ow.Start());
   std::vector<ParsedEvent> events;
@@ -88,8 +126,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   done.kind = StreamEvent::Kind::kDone;
   done.finish = parser.stopped() ? FinishReason::kStopSequence : FinishReason::kEndTurn;
   done.stop_sequence = parser.matched_stop_sequence();
+  done.input_tokens = 10;
+  done.output_tokens = static_cast<int64_t>(text.size());
+  switch (flags >> 5) {
+    case 1: done.finish = FinishReason::kMaxTokens; break;
+    case 2: done.finish = FinishReason::kToolUse; break;
+    case 3: done.finish = FinishReason::kCancelled; break;
+    case 4:
+      done.kind = StreamEvent::Kind::kError;
+      done.error = {data[1] & 1 ? ApiErrorType::kOverloaded : ApiErrorType::kApi, std::string(text.substr(0, 64))};
+      break;
+    default: break;
+  }
   CheckSse(aw.Event(done));
   CheckSse(ow.Event(done));
-  (void)aw.Message().dump(-1, ' ', false, Json::error_handler_t::replace);
+  // The non-streaming bodies, serialized as the HTTP layer does.
+  const auto replace = Json::error_handler_t::replace;
+  CheckJson(aw.Message().dump(-1, ' ', false, replace), "Message()");
+  CheckJson(ow.Completion().dump(-1, ' ', false, replace), "Completion()");
   return 0;
 }

@@ -27,6 +27,12 @@ const mr::server::ServedModel& Served() {
 
 }  // namespace
 
+// The tokenizer and template load before the first input, not inside it.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  (void)Served();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const bool anthropic = (data[0] & 1) == 0;

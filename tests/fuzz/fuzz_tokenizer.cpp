@@ -9,6 +9,12 @@
 #include "fuzz_common.h"
 #include "model/unicode.h"
 
+// The tokenizer loads before the first input, not inside it.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  (void)mr::fuzz::SharedModel();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 4096) return 0;  // BPE is quadratic in a word's length; the server bounds prompts
   const mr::Tokenizer& tok = mr::fuzz::SharedModel().tokenizer();
