@@ -101,7 +101,9 @@ def one_request(url, headers, prompt, max_tokens, temperature, timeout):
             if r.status_code != 200:
                 return {"ok": False, "status": r.status_code, "error": r.text[:200], "start_s": t0}
             event = None
-            for line in r.iter_lines(decode_unicode=True):
+            # Bytes: str.splitlines would also split at U+0085/U+2028/U+2029 inside the JSON.
+            for raw in r.iter_lines():
+                line = raw.decode("utf-8", errors="replace")
                 if not line:
                     continue
                 if line.startswith("event:"):

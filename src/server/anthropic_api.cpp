@@ -10,7 +10,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string Dump(const Json& j) { return DumpWireJson(j); }
 
 void AppendPara(std::string* s, const std::string& t) {
   if (!s->empty() && !t.empty()) *s += "\n\n";

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace mr::server {
 
 enum class ApiErrorType {
@@ -32,5 +34,11 @@ const char* AnthropicErrorName(ApiErrorType t);
 std::string AnthropicErrorBody(const ApiError& e);
 // OpenAI's {"error":{"message","type","param":null,"code":null}}.
 std::string OpenAIErrorBody(const ApiError& e);
+
+// A response or SSE payload as one line of JSON: invalid UTF-8 replaced (never an exception),
+// and U+0085, U+2028 and U+2029 written as \u escapes. JSON allows them raw, but clients that
+// split an SSE stream with a general line splitter (Python's str.splitlines, JavaScript line
+// terminators) would cut an event in two at them.
+std::string DumpWireJson(const nlohmann::ordered_json& j);
 
 }  // namespace mr::server

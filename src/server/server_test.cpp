@@ -902,3 +902,20 @@ TEST(OpenAIParse, WrongTypesAnywhereAreErrorValues) {
 
 }  // namespace
 }  // namespace mr::server
+
+namespace mr::server {
+namespace {
+
+TEST(WireJson, LineSeparatorsAreEscapedSoLineSplittersKeepEventsWhole) {
+  nlohmann::ordered_json j = {{"text", "a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9" "d\\\xe2\x80\xa8" "e\n\xff"}};
+  const std::string s = DumpWireJson(j);
+  EXPECT_EQ(s.find("\xe2\x80\xa8"), std::string::npos);
+  EXPECT_EQ(s.find("\xe2\x80\xa9"), std::string::npos);
+  EXPECT_EQ(s.find("\xc2\x85"), std::string::npos);
+  // Still the same JSON value (the invalid byte replaced by U+FFFD).
+  const auto back = nlohmann::ordered_json::parse(s);
+  EXPECT_EQ(back["text"].get<std::string>(), "a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9" "d\\\xe2\x80\xa8" "e\n\xef\xbf\xbd");
+}
+
+}  // namespace
+}  // namespace mr::server
