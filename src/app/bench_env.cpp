@@ -1,12 +1,13 @@
 #include "app/bench_env.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <sys/wait.h>
 #include <thread>
 
 #include "base/sha256.h"
@@ -67,9 +68,14 @@ nlohmann::json CpuInfo() {
   int64_t mem_kb = 0;
   std::ifstream mi("/proc/meminfo");
   while (std::getline(mi, line)) {
-    if (line.rfind("MemTotal:", 0) == 0) { mem_kb = std::atoll(line.c_str() + 9); break; }
+    if (line.rfind("MemTotal:", 0) == 0) {
+      mem_kb = std::atoll(line.c_str() + 9);
+      break;
+    }
   }
-  return {{"model", model}, {"flags", simd}, {"logical_cpus", std::thread::hardware_concurrency()},
+  return {{"model", model},
+          {"flags", simd},
+          {"logical_cpus", std::thread::hardware_concurrency()},
           {"mem_total_bytes", mem_kb * 1024}};
 }
 
@@ -92,8 +98,10 @@ double Median(std::vector<double> v) {
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }

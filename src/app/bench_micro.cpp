@@ -1,14 +1,14 @@
 #include "app/bench_micro.h"
 
 #include <emmintrin.h>
+#include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 #include <memory>
-#include <time.h>
 
 #include "app/bench_env.h"
 #include "base/half.h"
@@ -69,7 +69,8 @@ MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps) 
   const int64_t part = buffer_bytes / n_threads;
   // Fill from the threads that will read it (first touch places pages; one NUMA node here anyway).
   pool.ParallelFor(n_threads, [&](int64_t b, int64_t e, int) {
-    for (int64_t t = b; t < e; ++t) std::memset(buf.get() + t * part, static_cast<int>(t + 1), static_cast<size_t>(part));
+    for (int64_t t = b; t < e; ++t)
+      std::memset(buf.get() + t * part, static_cast<int>(t + 1), static_cast<size_t>(part));
   });
   std::vector<uint64_t> sink(n_threads);
   std::vector<double> gbps, gbps_cpu, cpu_s(n_threads);
@@ -137,8 +138,8 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, WeightFormat 
                                        int64_t rotate_bytes) {
   XorShift rng{0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(rows * 31 + cols)};
   const WeightMatrix base = RandomWeights(format, rows, cols, rng);
-  const int64_t n_copies = std::max<int64_t>(2, (rotate_bytes + static_cast<int64_t>(base.bytes()) - 1) /
-                                                    static_cast<int64_t>(base.bytes()));
+  const int64_t n_copies = std::max<int64_t>(
+      2, (rotate_bytes + static_cast<int64_t>(base.bytes()) - 1) / static_cast<int64_t>(base.bytes()));
   std::vector<WeightMatrix> copies(static_cast<size_t>(n_copies), base);
 
   const int max_rows = *std::max_element(act_rows.begin(), act_rows.end());

@@ -28,7 +28,7 @@ MemBandwidth MeasureMemBandwidth(int n_threads, int64_t buffer_bytes, int reps);
 
 struct MatmulPoint {
   int64_t rows = 0, cols = 0;  // weight matrix (outputs, inputs)
-  const char* format = "";    // WeightFormatName
+  const char* format = "";     // WeightFormatName
   int n_act_rows = 0;          // activation rows multiplied per weight pass (1..8)
   int n_threads = 0;
   int iters = 0;

@@ -15,7 +15,7 @@
 
 namespace mr::app {
 
-constexpr int kUsageError = 2;  // exit status of every command-line mistake
+constexpr int kUsageError = 2;     // exit status of every command-line mistake
 constexpr int kVerdictFailed = 3;  // exit status of a qualification that ran and did not pass
 
 class Cli {
@@ -49,7 +49,8 @@ CLI::Validator Within(T lo, T hi, std::string desc) {
       [lo, hi, desc](std::string& s) -> std::string {
         T v{};
         const bool negative_unsigned = std::is_unsigned_v<T> && s.find('-') != std::string::npos;  // strtoull wraps
-        if (negative_unsigned || !CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not a valid number (want " + desc + ")";
+        if (negative_unsigned || !CLI::detail::lexical_cast(s, v))
+          return "'" + s + "' is not a valid number (want " + desc + ")";
         if (!(v >= lo && v <= hi)) return "must be " + desc + ", got " + s;
         return "";
       },

@@ -8,6 +8,8 @@
 // Repetitions are interleaved (mererun, llama.cpp GGUF, llama.cpp Q8_0, mererun, ...) so that
 // load from other processes hits both sides alike; figures are medians over repetitions.
 // Prints a table on stdout and the full record as JSON (--json FILE).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,15 +17,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "app/bench_env.h"
-#include "app/environment.h"
 #include "app/bench_micro.h"
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/environment.h"
 #include "model/catalog.h"
 #include "model/model.h"
 
@@ -54,7 +54,7 @@ struct Options {
   int prompt_tokens = 512;
   int decode_tokens = 128;
   std::vector<int> verify_rows = {1, 2, 4, 8};
-  int verify_iters = 5;          // timed verify steps per row count per repetition
+  int verify_iters = 5;  // timed verify steps per row count per repetition
   int64_t membw_bytes = 1ll << 30;
   int64_t matmul_rotate_bytes = 256ll << 20;
   int matmul_iters = 30;
@@ -132,8 +132,8 @@ Result<std::string> Q8_0Path(const std::string& path) {
   const fs::path tmp = out.string() + ".tmp" + std::to_string(getpid());
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
   std::fprintf(stderr, "[bench] writing %s (mererun convert --type q8_0)\n", out.c_str());
-  auto r = RunCapture(ShellQuote(self) + " convert -m " + ShellQuote(path) + " --type q8_0 -o " + ShellQuote(tmp.string()) +
-                      " >&2");
+  auto r = RunCapture(ShellQuote(self) + " convert -m " + ShellQuote(path) + " --type q8_0 -o " +
+                      ShellQuote(tmp.string()) + " >&2");
   if (!r.ok()) {
     fs::remove(tmp, ec);
     return r.status();
@@ -196,8 +196,11 @@ json MeasureMachine(const Options& o) {
   for (int t : o.threads) {
     std::fprintf(stderr, "[bench] memory bandwidth, %d thread(s)\n", t);
     const MemBandwidth bw = MeasureMemBandwidth(t, o.membw_bytes, std::max(5, 3 * o.reps));
-    machine["mem_bandwidth"].push_back({{"threads", t}, {"buffer_bytes", bw.buffer_bytes}, {"reps", bw.reps},
-                                        {"gbps_median", bw.gbps_median}, {"gbps_max", bw.gbps_max},
+    machine["mem_bandwidth"].push_back({{"threads", t},
+                                        {"buffer_bytes", bw.buffer_bytes},
+                                        {"reps", bw.reps},
+                                        {"gbps_median", bw.gbps_median},
+                                        {"gbps_max", bw.gbps_max},
                                         {"gbps_cpu_median", bw.gbps_cpu_median},
                                         {"gbps_roofline", std::max(bw.gbps_max, bw.gbps_cpu_median)}});
   }
@@ -209,13 +212,21 @@ json MeasureMachine(const Options& o) {
       for (int t : o.threads) {
         std::fprintf(stderr, "[bench] matmul %s %lldx%lld, %d thread(s)\n", WeightFormatName(f), (long long)rows,
                      (long long)cols, t);
-        for (const MatmulPoint& p : MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
+        for (const MatmulPoint& p :
+             MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
           const double bw = BandwidthFor(machine, t);
-          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth)\n", p.n_act_rows, p.gbps_median,
-                       bw > 0 ? 100.0 * p.gbps_median / bw : 0.0);
-          machine["matmul"]["points"].push_back({{"format", p.format}, {"rows", p.rows}, {"cols", p.cols}, {"act_rows", p.n_act_rows},
-                                                 {"threads", p.n_threads}, {"iters", p.iters}, {"ms", p.ms_median},
-                                                 {"gbps", p.gbps_median}, {"gbps_cpu", p.gbps_cpu_median}, {"gops", p.gops_median},
+          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth)\n", p.n_act_rows,
+                       p.gbps_median, bw > 0 ? 100.0 * p.gbps_median / bw : 0.0);
+          machine["matmul"]["points"].push_back({{"format", p.format},
+                                                 {"rows", p.rows},
+                                                 {"cols", p.cols},
+                                                 {"act_rows", p.n_act_rows},
+                                                 {"threads", p.n_threads},
+                                                 {"iters", p.iters},
+                                                 {"ms", p.ms_median},
+                                                 {"gbps", p.gbps_median},
+                                                 {"gbps_cpu", p.gbps_cpu_median},
+                                                 {"gops", p.gops_median},
                                                  {"pct_of_mem_bandwidth", bw > 0 ? 100.0 * p.gbps_median / bw : 0.0}});
         }
       }
@@ -314,8 +325,8 @@ Result<json> BenchModel(const std::string& name, const std::string& path, const 
       side["by_threads"] = json::array();
       for (int t : o.threads) {
         // Roofline from the file's size: llama.cpp reads (about) every tensor byte per token.
-        side["by_threads"].push_back(Summarize(by_t[t], t, static_cast<double>(fs::file_size(file, ec)),
-                                               BandwidthFor(machine, t)));
+        side["by_threads"].push_back(
+            Summarize(by_t[t], t, static_cast<double>(fs::file_size(file, ec)), BandwidthFor(machine, t)));
       }
       llama[label] = side;
     }
@@ -361,9 +372,12 @@ void PrintTable(const json& j) {
                 b["threads"].get<int>(), b["gbps_median"].get<double>(), b["gbps_max"].get<double>(),
                 b["gbps_cpu_median"].get<double>());
   }
-  std::printf("\nmatmul kernels (%s), weight GB/s in each format's own bytes, wall/CPU-time (wall as %% of roofline bandwidth):\n",
-              mach["matmul"]["cpu_variant"].get<std::string>().c_str());
-  std::printf("%-7s %-12s %7s %19s %19s %19s %19s\n", "format", "shape", "threads", "1 row", "2 rows", "4 rows", "8 rows");
+  std::printf(
+      "\nmatmul kernels (%s), weight GB/s in each format's own bytes, wall/CPU-time (wall as %% of roofline "
+      "bandwidth):\n",
+      mach["matmul"]["cpu_variant"].get<std::string>().c_str());
+  std::printf("%-7s %-12s %7s %19s %19s %19s %19s\n", "format", "shape", "threads", "1 row", "2 rows", "4 rows",
+              "8 rows");
   const json& pts = mach["matmul"]["points"];
   for (size_t i = 0; i + 3 < pts.size(); i += 4) {
     char shape[32];
@@ -377,39 +391,42 @@ void PrintTable(const json& j) {
   }
   if (!j["models"].empty()) {
     std::printf("\n%-28s %-16s %3s %9s %9s %8s %7s %7s %7s\n", "model", "engine", "thr", "prefill/s", "decode/s",
-              "roofline", "v2/v1", "v4/v1", "v8/v1");
-  auto row = [](const std::string& model, const std::string& engine, const json& r) {
-    auto ratio = [&](const char* n) {
-      return r["verify_ratio_vs_1"].contains(n) ? r["verify_ratio_vs_1"][n].get<double>() : 0.0;
+                "roofline", "v2/v1", "v4/v1", "v8/v1");
+    auto row = [](const std::string& model, const std::string& engine, const json& r) {
+      auto ratio = [&](const char* n) {
+        return r["verify_ratio_vs_1"].contains(n) ? r["verify_ratio_vs_1"][n].get<double>() : 0.0;
+      };
+      std::printf("%-28s %-16s %3d %9.1f %9.2f %7.0f%% %7.2f %7.2f %7.2f\n", model.c_str(), engine.c_str(),
+                  r["threads"].get<int>(), r["prefill_tok_s"].get<double>(), r["decode_tok_s"].get<double>(),
+                  r.value("roofline_pct", 0.0), ratio("2"), ratio("4"), ratio("8"));
     };
-    std::printf("%-28s %-16s %3d %9.1f %9.2f %7.0f%% %7.2f %7.2f %7.2f\n", model.c_str(), engine.c_str(),
-                r["threads"].get<int>(), r["prefill_tok_s"].get<double>(), r["decode_tok_s"].get<double>(),
-                r.value("roofline_pct", 0.0), ratio("2"), ratio("4"), ratio("8"));
-  };
-  for (const json& m : j["models"]) {
-    const std::string name = m["name"];
-    for (const json& r : m["mererun"]) row(name, "mererun", r);
-    if (m["llamacpp"].is_object()) {
-      for (const char* label : {"gguf", "q8_0"}) {
-        if (!m["llamacpp"].contains(label)) continue;
-        for (const json& r : m["llamacpp"][label]["by_threads"]) row(name, std::string("llama.cpp ") + label, r);
-      }
-      for (const json& r : m["llamacpp"]["mererun_over_llamacpp"]) {
-        std::printf("%-28s %-16s %3d", name.c_str(), "mererun/llama", r["threads"].get<int>());
-        for (const char* k : {"prefill_vs_gguf", "decode_vs_gguf", "prefill_vs_q8_0", "decode_vs_q8_0"}) {
-          if (r.contains(k)) std::printf("  %s %.2fx", k, r[k].get<double>());
+    for (const json& m : j["models"]) {
+      const std::string name = m["name"];
+      for (const json& r : m["mererun"]) row(name, "mererun", r);
+      if (m["llamacpp"].is_object()) {
+        for (const char* label : {"gguf", "q8_0"}) {
+          if (!m["llamacpp"].contains(label)) continue;
+          for (const json& r : m["llamacpp"][label]["by_threads"]) row(name, std::string("llama.cpp ") + label, r);
         }
-        std::printf("\n");
+        for (const json& r : m["llamacpp"]["mererun_over_llamacpp"]) {
+          std::printf("%-28s %-16s %3d", name.c_str(), "mererun/llama", r["threads"].get<int>());
+          for (const char* k : {"prefill_vs_gguf", "decode_vs_gguf", "prefill_vs_q8_0", "decode_vs_q8_0"}) {
+            if (r.contains(k)) std::printf("  %s %.2fx", k, r[k].get<double>());
+          }
+          std::printf("\n");
+        }
+        if (m["llamacpp"].contains("error"))
+          std::printf("  llama.cpp: %s\n", m["llamacpp"]["error"].get<std::string>().c_str());
       }
-      if (m["llamacpp"].contains("error")) std::printf("  llama.cpp: %s\n", m["llamacpp"]["error"].get<std::string>().c_str());
     }
   }
-  }
-  std::printf("\nload average (1 min) %.1f at start, %.1f at end on %d logical CPUs\n", j["load_average_start"].get<double>(),
-              j["load_average_end"].get<double>(), j["cpu"]["logical_cpus"].get<int>());
-  std::printf("roofline: decode tok/s as %% of (roofline bandwidth at that thread count / weight bytes per token)\n"
-              "roofline bandwidth: the better of the best wall-clock repetition and the median by thread CPU time\n"
-              "vN/v1: time of an N-row verify step (all logits) over a 1-row step at the context reached after decode\n");
+  std::printf("\nload average (1 min) %.1f at start, %.1f at end on %d logical CPUs\n",
+              j["load_average_start"].get<double>(), j["load_average_end"].get<double>(),
+              j["cpu"]["logical_cpus"].get<int>());
+  std::printf(
+      "roofline: decode tok/s as %% of (roofline bandwidth at that thread count / weight bytes per token)\n"
+      "roofline bandwidth: the better of the best wall-clock repetition and the median by thread CPU time\n"
+      "vN/v1: time of an N-row verify step (all logits) over a 1-row step at the context reached after decode\n");
 }
 
 }  // namespace
@@ -474,10 +491,16 @@ int CmdBench(const Args& args) {
   j["git"] = GitInfo();
   j["cpu"] = CpuInfo();
   j["environment"] = ControlEnvironment();
-  j["options"] = {{"threads", o.threads}, {"reps", o.reps}, {"quick", o.quick}, {"llamacpp", o.llamacpp},
-                  {"prompt_tokens", o.prompt_tokens}, {"decode_tokens", o.decode_tokens},
-                  {"verify_rows", o.verify_rows}, {"verify_iters", o.verify_iters},
-                  {"membw_buffer_bytes", o.membw_bytes}, {"matmul_rotate_bytes", o.matmul_rotate_bytes},
+  j["options"] = {{"threads", o.threads},
+                  {"reps", o.reps},
+                  {"quick", o.quick},
+                  {"llamacpp", o.llamacpp},
+                  {"prompt_tokens", o.prompt_tokens},
+                  {"decode_tokens", o.decode_tokens},
+                  {"verify_rows", o.verify_rows},
+                  {"verify_iters", o.verify_iters},
+                  {"membw_buffer_bytes", o.membw_bytes},
+                  {"matmul_rotate_bytes", o.matmul_rotate_bytes},
                   {"matmul_iters", o.matmul_iters}};
   j["load_average_start"] = LoadAverage();
   j["machine"] = MeasureMachine(o);

@@ -47,9 +47,12 @@ int CmdConvert(const Args& args) {
     return 2;
   }
   uint32_t out_type;
-  if (type == "f32") out_type = 0;
-  else if (type == "f16") out_type = 1;
-  else if (type == "q8_0") out_type = 8;
+  if (type == "f32")
+    out_type = 0;
+  else if (type == "f16")
+    out_type = 1;
+  else if (type == "q8_0")
+    out_type = 8;
   else {
     std::fprintf(stderr, "mererun convert: --type must be f32, f16 or q8_0 (got '%s')\n", type.c_str());
     return 2;
@@ -97,13 +100,15 @@ int CmdConvert(const Args& args) {
       return 1;
     }
   }
-  w.SetU32("general.file_type", out_type == 0 ? 0 : (out_type == 1 ? 1 : 7));  // LLAMA_FTYPE_ALL_F32/MOSTLY_F16/MOSTLY_Q8_0
+  w.SetU32("general.file_type",
+           out_type == 0 ? 0 : (out_type == 1 ? 1 : 7));  // LLAMA_FTYPE_ALL_F32/MOSTLY_F16/MOSTLY_Q8_0
   Status st = w.WriteFile(out);
   if (!st.ok()) {
     std::fprintf(stderr, "mererun convert: %s\n", st.message().c_str());
     return 1;
   }
-  std::fprintf(stderr, "mererun convert: wrote %s (%zu tensors, matrices as %s)\n", out.c_str(), f.tensors().size(), type.c_str());
+  std::fprintf(stderr, "mererun convert: wrote %s (%zu tensors, matrices as %s)\n", out.c_str(), f.tensors().size(),
+               type.c_str());
   return 0;
 }
 

@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <map>
 
-#include "app/commands.h"
 #include "app/cli.h"
+#include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/gguf.h"
 

@@ -13,7 +13,8 @@
 namespace mr::app {
 
 int CmdLogits(const Args& args) {
-  Cli cli("logits", "Dump raw float32 logits at every position of each token sequence (parity checks, scripts/parity.py).");
+  Cli cli("logits",
+          "Dump raw float32 logits at every position of each token sequence (parity checks, scripts/parity.py).");
   CLI::App& app = cli.app();
   ModelArgs margs;
   AddModelOptions(app, &margs);
@@ -47,7 +48,8 @@ int CmdLogits(const Args& args) {
     std::fprintf(stderr, "mererun logits: cannot write %s\n", out_path.c_str());
     return 1;
   }
-  const uint32_t header[4] = {0x474c524d /* "MRLG" */, 1, static_cast<uint32_t>(n_vocab), static_cast<uint32_t>(prompts.size())};
+  const uint32_t header[4] = {0x474c524d /* "MRLG" */, 1, static_cast<uint32_t>(n_vocab),
+                              static_cast<uint32_t>(prompts.size())};
   std::fwrite(header, 4, 4, out);
   for (const auto& p : prompts) {
     const uint32_t n = static_cast<uint32_t>(p.size());

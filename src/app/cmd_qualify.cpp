@@ -15,14 +15,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "app/bench_env.h"
-#include "app/environment.h"
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/environment.h"
 #include "app/likelihood.h"
 #include "base/sha256.h"
 #include "model/model.h"
@@ -54,7 +53,8 @@ Result<Config> ParseConfig(const std::string& spec) {
   for (std::string item; std::getline(ss, item, ',');) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      return InvalidArgument("CONFIG '" + spec + "': item '" + item + "' is not KEY=VALUE (keys: path, cpu, threads, weights)");
+      return InvalidArgument("CONFIG '" + spec + "': item '" + item +
+                             "' is not KEY=VALUE (keys: path, cpu, threads, weights)");
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "path") {
@@ -63,10 +63,14 @@ Result<Config> ParseConfig(const std::string& spec) {
       }
       c.ref_path = value == "ref";
     } else if (key == "cpu") {
-      if (value == "scalar") c.cpu = CpuVariant::kScalar;
-      else if (value == "avx2") c.cpu = CpuVariant::kAvx2;
-      else if (value == "avx512") c.cpu = CpuVariant::kAvx512;
-      else return InvalidArgument("CONFIG '" + spec + "': cpu must be scalar, avx2 or avx512, got '" + value + "'");
+      if (value == "scalar")
+        c.cpu = CpuVariant::kScalar;
+      else if (value == "avx2")
+        c.cpu = CpuVariant::kAvx2;
+      else if (value == "avx512")
+        c.cpu = CpuVariant::kAvx512;
+      else
+        return InvalidArgument("CONFIG '" + spec + "': cpu must be scalar, avx2 or avx512, got '" + value + "'");
       if (!CpuSupports(c.cpu)) {
         return InvalidArgument("CONFIG '" + spec + "': this CPU cannot run cpu=" + value);
       }
@@ -99,7 +103,8 @@ struct Dataset {
 Result<Dataset> LoadSotu(const std::string& dir_arg) {
   Dataset d;
   const std::string root = RepoRoot();
-  const fs::path pkg = dir_arg.empty() ? fs::path(root) / "tools/llamacpp/node_modules" / kSotuPackage : fs::path(dir_arg);
+  const fs::path pkg =
+      dir_arg.empty() ? fs::path(root) / "tools/llamacpp/node_modules" / kSotuPackage : fs::path(dir_arg);
   std::error_code ec;
   if (!fs::is_directory(pkg / "data", ec)) {
     return NotFound("[qualify] dataset " + std::string(kSotuPackage) + " not found at " + pkg.string() +
@@ -126,17 +131,21 @@ Result<Dataset> LoadSotu(const std::string& dir_arg) {
   }
   d.sha256 = hash.FinalHex();
   if (d.sha256 != kSotuTextSha256) {
-    return InvalidArgument("[qualify] dataset text from " + d.dir + " (" + std::to_string(d.files.size()) +
-                           " files, " + std::to_string(d.bytes) + " bytes) has sha256 " + d.sha256 +
-                           ", expected the recorded " + kSotuTextSha256 + " (" + kSotuPackage +
+    return InvalidArgument("[qualify] dataset text from " + d.dir + " (" + std::to_string(d.files.size()) + " files, " +
+                           std::to_string(d.bytes) + " bytes) has sha256 " + d.sha256 + ", expected the recorded " +
+                           kSotuTextSha256 + " (" + kSotuPackage +
                            " 0.2.3, files 2001..2021): a different text would give incomparable scores");
   }
   return d;
 }
 
 json ConfigJson(const Config& c, const Model& m, double seconds) {
-  return {{"config", c.spec}, {"path", m.ref_path() ? "ref" : "fast"}, {"cpu", CpuVariantName(m.cpu_variant())},
-          {"threads", m.n_threads()}, {"weights", WeightModeName(m.weight_mode())}, {"forward_seconds", seconds}};
+  return {{"config", c.spec},
+          {"path", m.ref_path() ? "ref" : "fast"},
+          {"cpu", CpuVariantName(m.cpu_variant())},
+          {"threads", m.n_threads()},
+          {"weights", WeightModeName(m.weight_mode())},
+          {"forward_seconds", seconds}};
 }
 
 int Likelihood(const Args& args) {
@@ -225,7 +234,8 @@ int Likelihood(const Args& args) {
   const auto t_start = std::chrono::steady_clock::now();
   for (int w = 0; w < n_windows; ++w) {
     std::copy(prefix.begin(), prefix.end(), input.begin());
-    std::copy(stream.begin() + w * take, stream.begin() + (w + 1) * take, input.begin() + static_cast<int64_t>(prefix.size()));
+    std::copy(stream.begin() + w * take, stream.begin() + (w + 1) * take,
+              input.begin() + static_cast<int64_t>(prefix.size()));
     KvCache kv[2] = {models[0]->NewKvCache(n_pos), models[1]->NewKvCache(n_pos)};
     for (int64_t p0 = 0; p0 < n_pos; p0 += chunk) {
       const int64_t n = std::min<int64_t>(chunk, n_pos - p0);
@@ -258,10 +268,13 @@ int Likelihood(const Args& args) {
   j["cpu"] = CpuInfo();
   j["environment"] = ControlEnvironment();
   auto sha = ModelFileSha256(path);
-  j["model"] = {{"name", model_arg}, {"path", path}, {"sha256", sha.ok() ? json(*sha) : json(nullptr)},
-                {"arch", models[0]->config().arch_name}, {"n_vocab", n_vocab}};
-  j["dataset"] = {{"package", kSotuPackage}, {"version", data->version}, {"dir", data->dir},
-                  {"files", data->files}, {"files_tokenized", files_used}, {"text_bytes", data->bytes},
+  j["model"] = {{"name", model_arg},
+                {"path", path},
+                {"sha256", sha.ok() ? json(*sha) : json(nullptr)},
+                {"arch", models[0]->config().arch_name},
+                {"n_vocab", n_vocab}};
+  j["dataset"] = {{"package", kSotuPackage},     {"version", data->version},         {"dir", data->dir},
+                  {"files", data->files},        {"files_tokenized", files_used},    {"text_bytes", data->bytes},
                   {"text_sha256", data->sha256}, {"tokens_available", stream.size()}};
   j["reference"] = ConfigJson(*ref_cfg, *models[0], seconds[0]);
   j["candidate"] = ConfigJson(*cand_cfg, *models[1], seconds[1]);
@@ -275,7 +288,9 @@ int Likelihood(const Args& args) {
   j["ppl_ratio"] = s.ppl_ratio;
   j["ppl_ratio_upper95"] = s.ratio_upper95;
   j["ppl_ratio_ci95"] = {s.ratio_ci95_lo, s.ratio_ci95_hi};
-  j["bootstrap"] = {{"unit", "window"}, {"resamples", n_boot}, {"seed", seed},
+  j["bootstrap"] = {{"unit", "window"},
+                    {"resamples", n_boot},
+                    {"seed", seed},
                     {"upper95", "one-sided: 95th percentile of resampled ratios"}};
   j["top1_agreement"] = s.top1_agreement;
   j["mean_kl"] = s.mean_kl;
@@ -284,8 +299,11 @@ int Likelihood(const Args& args) {
   j["verdict"] = pass ? "pass" : "fail";
   j["per_window"] = json::array();
   for (const WindowStats& w : windows) {
-    j["per_window"].push_back({{"positions", w.n_positions}, {"nll_reference", w.nll_reference},
-                               {"nll_candidate", w.nll_candidate}, {"top1_agree", w.top1_agree}, {"kl_sum", w.kl_sum}});
+    j["per_window"].push_back({{"positions", w.n_positions},
+                               {"nll_reference", w.nll_reference},
+                               {"nll_candidate", w.nll_candidate},
+                               {"top1_agree", w.top1_agree},
+                               {"kl_sum", w.kl_sum}});
   }
   std::printf("qualify likelihood: %s, %d windows x %d positions of %s (sha256 %.12s...)\n", model_arg.c_str(),
               n_windows, n_pos, kSotuPackage, data->sha256.c_str());
@@ -313,13 +331,14 @@ int CmdQualify(const Args& args) {
   if (sub == "speed") return CmdQualifySpeed(rest);
   if (sub == "likelihood") return Likelihood(rest);
   const bool help = sub == "-h" || sub == "--help";
-  std::fprintf(help ? stdout : stderr,
-               "%s"
-               "usage: mererun qualify COMMAND [options]\n"
-               "  likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio of two configurations\n"
-               "  speed -m MODEL [--reference CFG] [--candidate CFG]          decode throughput, reference vs candidate\n"
-               "Options and defaults: mererun qualify likelihood --help, mererun qualify speed --help\n",
-               help || sub.empty() ? "" : ("mererun qualify: unknown command '" + sub + "'\n").c_str());
+  std::fprintf(
+      help ? stdout : stderr,
+      "%s"
+      "usage: mererun qualify COMMAND [options]\n"
+      "  likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio of two configurations\n"
+      "  speed -m MODEL [--reference CFG] [--candidate CFG]          decode throughput, reference vs candidate\n"
+      "Options and defaults: mererun qualify likelihood --help, mererun qualify speed --help\n",
+      help || sub.empty() ? "" : ("mererun qualify: unknown command '" + sub + "'\n").c_str());
   return help ? 0 : kUsageError;
 }
 

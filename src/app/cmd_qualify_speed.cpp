@@ -20,16 +20,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "app/bench_env.h"
-#include "app/commands.h"
 #include "app/cli.h"
+#include "app/commands.h"
 #include "app/environment.h"
 #include "app/http_client.h"
 #include "app/model_opts.h"
@@ -79,9 +78,15 @@ struct Workload {
 
 bool LoadWorkload(const fs::path& path, Workload* w, std::string* err) {
   std::ifstream in(path);
-  if (!in) { *err = "cannot read " + path.string(); return false; }
+  if (!in) {
+    *err = "cannot read " + path.string();
+    return false;
+  }
   json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) { *err = path.string() + ": not a JSON object"; return false; }
+  if (j.is_discarded() || !j.is_object()) {
+    *err = path.string() + ": not a JSON object";
+    return false;
+  }
   w->file = path.string();
   w->name = j.value("name", path.stem().string());
   w->max_tokens = j.value("max_tokens", 512);
@@ -90,12 +95,18 @@ bool LoadWorkload(const fs::path& path, Workload* w, std::string* err) {
   } else {
     const fs::path f = path.parent_path() / j.value("prompt_file", "");
     std::ifstream fin(f, std::ios::binary);
-    if (!fin) { *err = path.string() + ": cannot read prompt_file " + f.string(); return false; }
+    if (!fin) {
+      *err = path.string() + ": cannot read prompt_file " + f.string();
+      return false;
+    }
     std::stringstream body;
     body << fin.rdbuf();
     w->text = j.value("prompt_before", "") + body.str() + j.value("prompt_after", "");
   }
-  if (w->text.empty()) { *err = path.string() + ": empty prompt"; return false; }
+  if (w->text.empty()) {
+    *err = path.string() + ": empty prompt";
+    return false;
+  }
   return true;
 }
 
@@ -134,8 +145,9 @@ int CmdQualifySpeed(const Args& args) {
   app.add_option("-n,--n", n_keep, "kept runs per workload per block (after one warm-up run)")->check(AtLeast(1));
   app.add_option("--max-tokens", max_tokens_arg, "override each workload's max_tokens (0: keep)")
       ->check(AtLeast<int64_t>(0));
-  CLI::Option* seed_opt =
-      app.add_option("--seed", seed_value, "sample with this seed (default: unseeded)")->check(AtLeast<uint64_t>(0))->default_str("");
+  CLI::Option* seed_opt = app.add_option("--seed", seed_value, "sample with this seed (default: unseeded)")
+                              ->check(AtLeast<uint64_t>(0))
+                              ->default_str("");
   app.add_option("--json", json_out, "also write the report as JSON to this file");
   app.add_option("--min-gain", min_gain_pct, "percent gain over the pooled reference median the verdict asks for")
       ->check(InRange(-100.0, 1000.0));
@@ -152,7 +164,8 @@ int CmdQualifySpeed(const Args& args) {
       ->type_name("URL");
   app.add_option("--candidate-url", cand_url, "an already running server for the candidate (implies --http)")
       ->type_name("URL");
-  app.add_option("--server-arg", server_args, "extra argument for the started servers (repeat)")->allow_extra_args(false);
+  app.add_option("--server-arg", server_args, "extra argument for the started servers (repeat)")
+      ->allow_extra_args(false);
   app.add_option("--server-ctx", server_ctx, "context of the started servers")->check(AtLeast<int64_t>(256));
   app.add_option("--max-rss-mb", max_rss_mb, "resource bound: a request whose server peak RSS exceeds it fails")
       ->check(AtLeast(0.0));
@@ -165,7 +178,8 @@ int CmdQualifySpeed(const Args& args) {
   }
   for (const DecodeConfig* c : {&ref, &cand}) {
     if (Status st = c->Validate(); !st.ok()) {
-      std::fprintf(stderr, "mererun qualify speed: bad configuration '%s': %s\n", c->text.c_str(), st.message().c_str());
+      std::fprintf(stderr, "mererun qualify speed: bad configuration '%s': %s\n", c->text.c_str(),
+                   st.message().c_str());
       return 2;
     }
   }
@@ -195,25 +209,32 @@ int CmdQualifySpeed(const Args& args) {
       if (item.empty()) continue;
       fs::path p = item.find(".json") != std::string::npos ? fs::path(item) : wl_dir / (item + ".json");
       Workload w;
-      if (!LoadWorkload(p, &w, &err)) { std::fprintf(stderr, "mererun qualify speed: workload: %s\n", err.c_str()); return 2; }
+      if (!LoadWorkload(p, &w, &err)) {
+        std::fprintf(stderr, "mererun qualify speed: workload: %s\n", err.c_str());
+        return 2;
+      }
       workloads.push_back(std::move(w));
     }
   }
-  if (workloads.empty()) { std::fprintf(stderr, "mererun qualify speed: no workloads\n"); return 2; }
+  if (workloads.empty()) {
+    std::fprintf(stderr, "mererun qualify speed: no workloads\n");
+    return 2;
+  }
 
   for (Workload& w : workloads)
     if (max_tokens_arg > 0) w.max_tokens = max_tokens_arg;
   if (http) {
     // Over HTTP the servers load the model; this process only starts them and sends requests.
-    std::vector<std::string> args = {"-m", margs.model, "-c", std::to_string(server_ctx), "--weights",
-                                     WeightModeName(margs.weights)};
+    std::vector<std::string> args = {
+        "-m", margs.model, "-c", std::to_string(server_ctx), "--weights", WeightModeName(margs.weights)};
     if (margs.threads > 0) args.insert(args.end(), {"-t", std::to_string(margs.threads)});
     if (margs.ref) args.push_back("--ref");
     args.insert(args.end(), server_args.begin(), server_args.end());
     for (auto [cfg, ep] : {std::pair{&ref, &ref_ep}, std::pair{&cand, &cand_ep}}) {
       if (ep->port != 0) continue;
       std::fprintf(stderr, "[qualify] starting a server for '%s'\n", cfg->text.c_str());
-      if (Status st = ep->proc.Start(args, {{"MERERUN_DRAFT", cfg->DrafterName()}, {"MERERUN_DRAFT_TOKENS", cfg->TokensName()}});
+      if (Status st = ep->proc.Start(
+              args, {{"MERERUN_DRAFT", cfg->DrafterName()}, {"MERERUN_DRAFT_TOKENS", cfg->TokensName()}});
           !st.ok()) {
         std::fprintf(stderr, "mererun qualify speed: %s\n", st.message().c_str());
         return 1;
@@ -231,8 +252,9 @@ int CmdQualifySpeed(const Args& args) {
     const Tokenizer& tok = model->tokenizer();
     const ChatFamily family = DetectChatFamily(model->file());
     for (Workload& w : workloads) {
-      const std::string text =
-          family == ChatFamily::kNone ? w.text : RenderChat(family, model->file(), {ChatMessage{"user", w.text, {}, {}}});
+      const std::string text = family == ChatFamily::kNone
+                                   ? w.text
+                                   : RenderChat(family, model->file(), {ChatMessage{"user", w.text, {}, {}}});
       w.prompt = tok.Encode(text, true, family != ChatFamily::kNone);
       n_ctx = std::max<int64_t>(n_ctx, static_cast<int64_t>(w.prompt.size()) + w.max_tokens + 8);
     }
@@ -254,8 +276,14 @@ int CmdQualifySpeed(const Args& args) {
   const bool seeded = seed_opt->count() > 0;
   const uint64_t seed0 = seeded ? seed_value : 0;
 
-  struct Block { const char* role; DecodeConfig* cfg; DrafterSet* d; Endpoint* ep; };
-  const Block blocks[3] = {{"reference", &ref, &ref_d, &ref_ep}, {"candidate", &cand, &cand_d, &cand_ep},
+  struct Block {
+    const char* role;
+    DecodeConfig* cfg;
+    DrafterSet* d;
+    Endpoint* ep;
+  };
+  const Block blocks[3] = {{"reference", &ref, &ref_d, &ref_ep},
+                           {"candidate", &cand, &cand_d, &cand_ep},
                            {"reference", &ref, &ref_d, &ref_ep}};
   Generator* const g = gen.get();
   // results[w][b]: kept samples; warmups[w][b]: the excluded first attempts.
@@ -315,7 +343,8 @@ int CmdQualifySpeed(const Args& args) {
                               {"accepted", std::atoll(header("x-mererun-accepted-tokens").c_str())},
                               {"proposed_at", proposed_at},
                               {"accepted_at", accepted_at}};
-          std::fprintf(stderr, "[qualify] %-9s %-10s %s %d: %lld tokens, decode %.2f tok/s, wall %.2f s, peak RSS %.0f MiB%s\n",
+          std::fprintf(stderr,
+                       "[qualify] %-9s %-10s %s %d: %lld tokens, decode %.2f tok/s, wall %.2f s, peak RSS %.0f MiB%s\n",
                        blk.role, w.name.c_str(), r == 0 ? "warm-up" : "sample", r, (long long)generated, tok_s,
                        reply->wall_s, peak_rss / 1048576.0, resource_ok ? "" : " (over --max-rss-mb)");
           if (show && body.is_object()) std::fprintf(stderr, "%s\n----\n", body["content"].dump().c_str());
@@ -331,7 +360,10 @@ int CmdQualifySpeed(const Args& args) {
       sp.draft_tokens = blk.cfg->k;
       sp.adaptive = blk.cfg->adaptive;
       auto w = g->WarmUp(sp);
-      if (!w.ok()) { std::fprintf(stderr, "mererun qualify speed: warm-up: %s\n", w.status().message().c_str()); return 1; }
+      if (!w.ok()) {
+        std::fprintf(stderr, "mererun qualify speed: warm-up: %s\n", w.status().message().c_str());
+        return 1;
+      }
     }
     for (size_t wi = 0; wi < workloads.size(); ++wi) {
       const Workload& w = workloads[wi];
@@ -349,7 +381,10 @@ int CmdQualifySpeed(const Args& args) {
         if (!keep_cache) g->ResetCache();
         const auto t0 = Clock::now();
         std::vector<TokenId> out_tokens;
-        auto res = g->Generate(w.prompt, p, [&](TokenId t) { out_tokens.push_back(t); return true; });
+        auto res = g->Generate(w.prompt, p, [&](TokenId t) {
+          out_tokens.push_back(t);
+          return true;
+        });
         const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (!res.ok()) {
           std::fprintf(stderr, "mererun qualify speed: %s: %s\n", w.name.c_str(), res.status().message().c_str());
@@ -359,15 +394,23 @@ int CmdQualifySpeed(const Args& args) {
         const double tok_s = s.decode_s > 0 ? s.generated / s.decode_s : 0.0;
         std::fprintf(stderr, "[qualify] %-9s %-10s %s %d: %lld tokens, decode %.2f tok/s, prefill %.2f s%s\n", blk.role,
                      w.name.c_str(), r == 0 ? "warm-up" : "sample", r, (long long)s.generated, tok_s, s.prefill_s,
-                     s.drafted > 0 ? (", accepted " + std::to_string(s.accepted) + "/" + std::to_string(s.drafted)).c_str() : "");
+                     s.drafted > 0
+                         ? (", accepted " + std::to_string(s.accepted) + "/" + std::to_string(s.drafted)).c_str()
+                         : "");
         if (show) std::fprintf(stderr, "%s\n----\n", model->tokenizer().Decode(out_tokens, false).c_str());
         if (r == 0) continue;
-        json sample = {{"decode_tok_s", tok_s},   {"generated", s.generated}, {"decode_s", s.decode_s},
-                       {"prefill_s", s.prefill_s}, {"wall_s", wall_s},        {"prompt_tokens", s.prompt_tokens},
-                       {"reused_tokens", s.reused_tokens}, {"stop", StopCauseName(s.stop)}};
+        json sample = {{"decode_tok_s", tok_s},
+                       {"generated", s.generated},
+                       {"decode_s", s.decode_s},
+                       {"prefill_s", s.prefill_s},
+                       {"wall_s", wall_s},
+                       {"prompt_tokens", s.prompt_tokens},
+                       {"reused_tokens", s.reused_tokens},
+                       {"stop", StopCauseName(s.stop)}};
         if (blk.d->drafter != nullptr) {
-          sample["spec"] = {{"spec_steps", s.spec_steps}, {"plain_steps", s.plain_steps}, {"drafted", s.drafted},
-                            {"accepted", s.accepted},     {"draft_s", s.draft_s},         {"proposed_at", s.proposed_at},
+          sample["spec"] = {{"spec_steps", s.spec_steps},  {"plain_steps", s.plain_steps},
+                            {"drafted", s.drafted},        {"accepted", s.accepted},
+                            {"draft_s", s.draft_s},        {"proposed_at", s.proposed_at},
                             {"accepted_at", s.accepted_at}};
         }
         results[wi][b].push_back(sample);
@@ -384,16 +427,17 @@ int CmdQualifySpeed(const Args& args) {
   };
   json out_workloads = json::array();
   bool all_pass = true;
-  std::printf("\n%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s %s\n", "workload", "prompt", "ref1", "cand", "ref2",
-              "ref pool", "change", "prefill", "prefill", "accepted", "verdict");
-  std::printf("%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s\n", "", "tokens", "tok/s", "tok/s", "tok/s", "tok/s", "%",
-              "ref s", "cand s", "per position");
+  std::printf("\n%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s %s\n", "workload", "prompt", "ref1", "cand",
+              "ref2", "ref pool", "change", "prefill", "prefill", "accepted", "verdict");
+  std::printf("%-10s %7s | %9s %9s %9s | %9s %8s | %8s %8s | %-14s\n", "", "tokens", "tok/s", "tok/s", "tok/s", "tok/s",
+              "%", "ref s", "cand s", "per position");
   for (size_t wi = 0; wi < workloads.size(); ++wi) {
     const auto& r = results[wi];
-    const int64_t prompt_tokens = !http                   ? static_cast<int64_t>(workloads[wi].prompt.size())
-                                  : r[0].empty()          ? 0
-                                                          : r[0][0]["prompt_tokens"].get<int64_t>();
-    const double m1 = medians(r[0], "decode_tok_s"), mc = medians(r[1], "decode_tok_s"), m2 = medians(r[2], "decode_tok_s");
+    const int64_t prompt_tokens = !http          ? static_cast<int64_t>(workloads[wi].prompt.size())
+                                  : r[0].empty() ? 0
+                                                 : r[0][0]["prompt_tokens"].get<int64_t>();
+    const double m1 = medians(r[0], "decode_tok_s"), mc = medians(r[1], "decode_tok_s"),
+                 m2 = medians(r[2], "decode_tok_s");
     json pooled_samples = r[0];
     for (const json& s : r[2]) pooled_samples.push_back(s);
     const double pooled = medians(pooled_samples, "decode_tok_s");
@@ -419,9 +463,10 @@ int CmdQualifySpeed(const Args& args) {
       std::snprintf(b, sizeof b, "%s%.2f", i ? " " : "", rate.back());
       rate_text += b;
     }
-    std::printf("%-10s %7zu | %9.2f %9.2f %9.2f | %9.2f %+7.1f%% | %8.2f %8.2f | %-14s %s\n", workloads[wi].name.c_str(),
-                static_cast<size_t>(prompt_tokens), m1, mc, m2, pooled, change, medians(r[0], "prefill_s"), medians(r[1], "prefill_s"),
-                rate_text.empty() ? "-" : rate_text.c_str(), pass ? "pass" : "FAIL");
+    std::printf("%-10s %7zu | %9.2f %9.2f %9.2f | %9.2f %+7.1f%% | %8.2f %8.2f | %-14s %s\n",
+                workloads[wi].name.c_str(), static_cast<size_t>(prompt_tokens), m1, mc, m2, pooled, change,
+                medians(r[0], "prefill_s"), medians(r[1], "prefill_s"), rate_text.empty() ? "-" : rate_text.c_str(),
+                pass ? "pass" : "FAIL");
     json blocks_json = json::array();
     for (int b = 0; b < 3; ++b)
       blocks_json.push_back({{"role", blocks[b].role},
@@ -445,9 +490,10 @@ int CmdQualifySpeed(const Args& args) {
     std::printf("resource monitoring: %d request(s) went over --max-rss-mb %.0f\n", resource_failures, max_rss_mb);
     all_pass = false;
   }
-  std::printf("verdict: %s (criterion: candidate beats both reference-block medians on every workload and gains >= %.1f%% "
-              "over the pooled reference median%s)\n",
-              all_pass ? "PASS" : "FAIL", min_gain_pct, max_rss_mb > 0 ? ", and no request over the RSS bound" : "");
+  std::printf(
+      "verdict: %s (criterion: candidate beats both reference-block medians on every workload and gains >= %.1f%% "
+      "over the pooled reference median%s)\n",
+      all_pass ? "PASS" : "FAIL", min_gain_pct, max_rss_mb > 0 ? ", and no request over the RSS bound" : "");
 
   // The candidate's cost controller after the run: what it measured and what it would choose.
   json controller = nullptr;
@@ -466,8 +512,10 @@ int CmdQualifySpeed(const Args& args) {
     }
     for (int k = 0; k <= c.k_max(); ++k) rate.push_back(c.expected_rate(k));
     std::printf("\n");
-    controller = {{"forward_ms_by_rows", fwd}, {"draft_ms_per_token", 1e3 * c.draft_cost_per_token()},
-                  {"acceptance_ema", acc}, {"expected_tok_s_by_k", rate}};
+    controller = {{"forward_ms_by_rows", fwd},
+                  {"draft_ms_per_token", 1e3 * c.draft_cost_per_token()},
+                  {"acceptance_ema", acc},
+                  {"expected_tok_s_by_k", rate}};
   }
   const json env = ControlEnvironment();
   const json git = GitInfo();
@@ -486,8 +534,13 @@ int CmdQualifySpeed(const Args& args) {
                  {"resource", {{"max_rss_mb", max_rss_mb}, {"failures", resource_failures}}},
                  {"model", margs.model},
                  {"env", env},
-                 {"sampling", http ? json(greedy ? "temperature 0" : "the model's default (server)") : json{{"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"top_p", sampling.top_p},
-                               {"min_p", sampling.min_p}, {"seeded", seeded}, {"seed", seed0}}},
+                 {"sampling", http ? json(greedy ? "temperature 0" : "the model's default (server)")
+                                   : json{{"temperature", sampling.temperature},
+                                          {"top_k", sampling.top_k},
+                                          {"top_p", sampling.top_p},
+                                          {"min_p", sampling.min_p},
+                                          {"seeded", seeded},
+                                          {"seed", seed0}}},
                  {"n_per_block", n_keep},
                  {"keep_cache", keep_cache},
                  {"reference", ref.ToJson()},
@@ -499,7 +552,10 @@ int CmdQualifySpeed(const Args& args) {
   if (!json_out.empty()) {
     std::ofstream f(json_out);
     f << report.dump(2) << "\n";
-    if (!f) { std::fprintf(stderr, "mererun qualify speed: cannot write %s\n", json_out.c_str()); return 1; }
+    if (!f) {
+      std::fprintf(stderr, "mererun qualify speed: cannot write %s\n", json_out.c_str());
+      return 1;
+    }
   }
   // A FAIL verdict is a failed check, as a test runner reports it: scripts and CI see it.
   return all_pass ? 0 : kVerdictFailed;

@@ -33,12 +33,15 @@ int CmdRun(const Args& args) {
   if (!model) return 1;
   const Tokenizer& tok = model->tokenizer();
   const ChatFamily family = raw ? ChatFamily::kNone : DetectChatFamily(model->file());
-  const std::string text = family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {ChatMessage{"user", prompt, {}, {}}});
+  const std::string text =
+      family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {ChatMessage{"user", prompt, {}, {}}});
   std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/family != ChatFamily::kNone);
-  const int64_t n_ctx = n_ctx_arg > 0 ? n_ctx_arg
-                                      : std::min<int64_t>(model->config().n_ctx_train, static_cast<int64_t>(ids.size()) + n_predict + 1);
+  const int64_t n_ctx =
+      n_ctx_arg > 0 ? n_ctx_arg
+                    : std::min<int64_t>(model->config().n_ctx_train, static_cast<int64_t>(ids.size()) + n_predict + 1);
   if (static_cast<int64_t>(ids.size()) + n_predict > n_ctx) {
-    std::fprintf(stderr, "mererun run: prompt is too long: %zu tokens + %d > %lld context\n", ids.size(), n_predict, (long long)n_ctx);
+    std::fprintf(stderr, "mererun run: prompt is too long: %zu tokens + %d > %lld context\n", ids.size(), n_predict,
+                 (long long)n_ctx);
     return 1;
   }
   KvCache kv = model->NewKvCache(n_ctx);
@@ -58,7 +61,10 @@ int CmdRun(const Args& args) {
     const std::string piece = tok.TokenToPiece(next, false);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    if (generated + 1 == n_predict) { ++generated; break; }
+    if (generated + 1 == n_predict) {
+      ++generated;
+      break;
+    }
     st = model->Forward(kv, &next, 1, false, logits.data());
     if (!st.ok()) {
       std::fprintf(stderr, "\nmererun run: %s\n", st.message().c_str());
@@ -69,9 +75,12 @@ int CmdRun(const Args& args) {
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
   std::printf("\n");
-  std::fprintf(stderr, "[run] prompt %zu tokens in %.2f s (%.1f tok/s); generated %d tokens in %.2f s (%.1f tok/s); %s path, %s, %d threads\n",
-               ids.size(), prefill_s, ids.size() / prefill_s, generated, decode_s, generated > 0 ? generated / decode_s : 0.0,
-               model->ref_path() ? "reference" : "fast", CpuVariantName(model->cpu_variant()), model->n_threads());
+  std::fprintf(stderr,
+               "[run] prompt %zu tokens in %.2f s (%.1f tok/s); generated %d tokens in %.2f s (%.1f tok/s); %s path, "
+               "%s, %d threads\n",
+               ids.size(), prefill_s, ids.size() / prefill_s, generated, decode_s,
+               generated > 0 ? generated / decode_s : 0.0, model->ref_path() ? "reference" : "fast",
+               CpuVariantName(model->cpu_variant()), model->n_threads());
   return 0;
 }
 

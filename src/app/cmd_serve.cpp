@@ -4,14 +4,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
-#include <vector>
 #include <ctime>
 #include <filesystem>
-#include <chrono>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "app/cli.h"
 #include "app/commands.h"
@@ -52,7 +52,8 @@ int CmdServe(const Args& args) {
       ->envname("MERERUN_API_KEY");
   app.add_option("--signing-key-file", signing_key_file, "0600 file holding the thinking-signature key");
   app.add_option("--allow-host", allow_hosts, "extra accepted Host names (repeat or comma list)")->delimiter(',');
-  app.add_option("--allow-origin", allow_origins, "browser origins allowed to call the API, * for any (repeat or comma list)")
+  app.add_option("--allow-origin", allow_origins,
+                 "browser origins allowed to call the API, * for any (repeat or comma list)")
       ->delimiter(',');
   app.add_option("--max-active", max_active, "requests generated together")->check(AtLeast(1));
   app.add_option("--max-queue", max_queue, "requests waiting for a slot before 429")->check(AtLeast(0));
@@ -67,7 +68,8 @@ int CmdServe(const Args& args) {
       ->check(AtLeast(1));
   app.add_option("--header-timeout-ms", sopts.header_timeout_ms, "time for a request's head to arrive")
       ->check(AtLeast(100));
-  app.add_option("--body-timeout-ms", sopts.body_timeout_ms, "time for a request's body to arrive")->check(AtLeast(100));
+  app.add_option("--body-timeout-ms", sopts.body_timeout_ms, "time for a request's body to arrive")
+      ->check(AtLeast(100));
   app.add_option("--max-output-tokens", max_output, "cap on max_tokens per request (0: context only)")
       ->check(AtLeast(0LL));
   CLI::Option* temp_opt =
@@ -212,7 +214,8 @@ int CmdServe(const Args& args) {
   });
   Status st = http.Run([&](int port) {
     std::fprintf(stderr, "[serve] %s (%s chat format, context %lld, %d threads) listening on http://%s:%d\n",
-                 sm.id.c_str(), ChatFamilyName(sm.family), (long long)n_ctx, model->n_threads(), sopts.host.c_str(), port);
+                 sm.id.c_str(), ChatFamilyName(sm.family), (long long)n_ctx, model->n_threads(), sopts.host.c_str(),
+                 port);
   });
   if (!st.ok()) {
     std::fprintf(stderr, "mererun serve: %s\n", st.message().c_str());

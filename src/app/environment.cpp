@@ -29,11 +29,16 @@ constexpr const char* kControls[] = {"MERERUN_THREADS", "MERERUN_CPU",   "MERERU
 
 Status ApplyEnvironment() {
   if (std::string v = Get("MERERUN_LOG"); !v.empty()) {
-    if (v == "error") SetLogLevel(LogLevel::kError);
-    else if (v == "warn") SetLogLevel(LogLevel::kWarn);
-    else if (v == "info") SetLogLevel(LogLevel::kInfo);
-    else if (v == "debug") SetLogLevel(LogLevel::kDebug);
-    else return Bad("MERERUN_LOG", v, "error, warn, info, debug");
+    if (v == "error")
+      SetLogLevel(LogLevel::kError);
+    else if (v == "warn")
+      SetLogLevel(LogLevel::kWarn);
+    else if (v == "info")
+      SetLogLevel(LogLevel::kInfo);
+    else if (v == "debug")
+      SetLogLevel(LogLevel::kDebug);
+    else
+      return Bad("MERERUN_LOG", v, "error, warn, info, debug");
   }
   if (std::string v = Get("MERERUN_THREADS"); !v.empty()) {
     int n = 0;

@@ -29,8 +29,7 @@ double Percentile(std::vector<double> v, double q) {
 
 }  // namespace
 
-void ScorePosition(const float* ref_logits, const float* cand_logits, int64_t n_vocab, int32_t target,
-                   WindowStats* w) {
+void ScorePosition(const float* ref_logits, const float* cand_logits, int64_t n_vocab, int32_t target, WindowStats* w) {
   int64_t arg_r = 0, arg_c = 0;
   const double lse_r = LogSumExp(ref_logits, n_vocab, &arg_r);
   const double lse_c = LogSumExp(cand_logits, n_vocab, &arg_c);

@@ -1,9 +1,9 @@
 #include "app/likelihood.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace mr::app {
 namespace {

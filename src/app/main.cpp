@@ -22,10 +22,12 @@ constexpr Command kCommands[] = {
     {"serve", mr::app::CmdServe, "serve -m MODEL [--port N]    HTTP server: Anthropic Messages + OpenAI chat APIs"},
     {"run", mr::app::CmdRun, "run -m MODEL -p TEXT         greedy completion with tokens/s"},
     {"info", mr::app::CmdInfo, "info -m MODEL                summarise a model file"},
-    {"tokenize", mr::app::CmdTokenize, "tokenize -m MODEL            text on stdin -> token ids (JSON); --decode reverses"},
+    {"tokenize", mr::app::CmdTokenize,
+     "tokenize -m MODEL            text on stdin -> token ids (JSON); --decode reverses"},
     {"logits", mr::app::CmdLogits, "logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)"},
     {"convert", mr::app::CmdConvert, "convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type"},
-    {"bench", mr::app::CmdBench, "bench [-m MODEL]... [--quick] [--json FILE]   speed vs bandwidth roofline and llama.cpp"},
+    {"bench", mr::app::CmdBench,
+     "bench [-m MODEL]... [--quick] [--json FILE]   speed vs bandwidth roofline and llama.cpp"},
     {"qualify", mr::app::CmdQualify,
      "qualify likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio\n"
      "  qualify speed -m MODEL [--reference CFG] [--candidate CFG]   decode throughput, reference vs candidate"},
@@ -34,9 +36,10 @@ constexpr Command kCommands[] = {
 void PrintUsage(std::FILE* out) {
   std::fprintf(out, "usage: mererun COMMAND [options]\ncommands:\n");
   for (const Command& c : kCommands) std::fprintf(out, "  %s\n", c.usage);
-  std::fprintf(out,
-               "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n"
-               "Every command's options and their defaults: mererun COMMAND --help (qualify: mererun qualify speed --help).\n");
+  std::fprintf(
+      out,
+      "MODEL is a catalog name (see `mererun list`) or a path to a .gguf file.\n"
+      "Every command's options and their defaults: mererun COMMAND --help (qualify: mererun qualify speed --help).\n");
 }
 
 int Dispatch(int argc, char** argv) {

@@ -135,7 +135,8 @@ Result<std::unique_ptr<OwnedDrafter>> MakeDrafter(const DecodeConfig& c, const M
     auto md = ModelDrafter::Create(target, *draft_model, n_ctx);
     if (!md.ok())
       return InvalidArgument("draft model '" + c.draft_model + "' cannot draft for '" +
-                             (target_name.empty() ? target.file().path() : target_name) + "': " + md.status().message());
+                             (target_name.empty() ? target.file().path() : target_name) +
+                             "': " + md.status().message());
     d->model_ = std::move(md).value();
   }
   if (c.ngram && d->model_) {

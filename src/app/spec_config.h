@@ -9,9 +9,8 @@
 #pragma once
 
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "base/status.h"
 #include "model/model.h"
@@ -21,7 +20,7 @@
 namespace mr::app {
 
 struct DecodeConfig {
-  std::string text;         // as given
+  std::string text;  // as given
   bool ngram = false;
   bool use_model = false;   // a draft model drafts (draft_model names it)
   std::string draft_model;  // catalog name or path

@@ -7,10 +7,10 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absx >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absx < 0x38800000u) {  // subnormal or zero in half
-    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
+  if (absx < 0x38800000u) {                                               // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);           // rounds to zero
     const uint32_t e = absx >> 23;
     const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - e;  // 14 + (113 - e) - 1 ... yields mantissa in half subnormal units

@@ -11,8 +11,12 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
 }  // namespace
 
-LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
-void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
+LogLevel GetLogLevel() {
+  return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed));
+}
+void SetLogLevel(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+}
 
 void LogF(LogLevel level, const char* component, const char* fmt, ...) {
   if (GetLogLevel() < level) return;

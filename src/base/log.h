@@ -17,5 +17,11 @@ void LogF(LogLevel level, const char* component, const char* fmt, ...) __attribu
 #define MR_LOG_ENABLED(lvl) (::mr::GetLogLevel() >= ::mr::LogLevel::lvl)
 #define MR_LOGE(comp, ...) ::mr::LogF(::mr::LogLevel::kError, comp, __VA_ARGS__)
 #define MR_LOGW(comp, ...) ::mr::LogF(::mr::LogLevel::kWarn, comp, __VA_ARGS__)
-#define MR_LOGI(comp, ...) do { if (MR_LOG_ENABLED(kInfo)) ::mr::LogF(::mr::LogLevel::kInfo, comp, __VA_ARGS__); } while (0)
-#define MR_LOGD(comp, ...) do { if (MR_LOG_ENABLED(kDebug)) ::mr::LogF(::mr::LogLevel::kDebug, comp, __VA_ARGS__); } while (0)
+#define MR_LOGI(comp, ...)                                                           \
+  do {                                                                               \
+    if (MR_LOG_ENABLED(kInfo)) ::mr::LogF(::mr::LogLevel::kInfo, comp, __VA_ARGS__); \
+  } while (0)
+#define MR_LOGD(comp, ...)                                                             \
+  do {                                                                                 \
+    if (MR_LOG_ENABLED(kDebug)) ::mr::LogF(::mr::LogLevel::kDebug, comp, __VA_ARGS__); \
+  } while (0)

@@ -14,7 +14,9 @@ Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
   MR_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1);
 }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+Sha256::~Sha256() {
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+}
 
 void Sha256::Update(const void* data, size_t n_bytes) {
   MR_CHECK(!finished_);
@@ -44,8 +46,7 @@ std::string Sha256Hex(std::string_view bytes) {
   return h.FinalHex();
 }
 
-Result<std::string> Sha256File(const std::string& path,
-                               const std::function<void(uint64_t)>& progress) {
+Result<std::string> Sha256File(const std::string& path, const std::function<void(uint64_t)>& progress) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     return IoError("[sha256] cannot open '" + path + "': " + std::strerror(errno));

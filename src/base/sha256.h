@@ -36,7 +36,6 @@ std::string Sha256Hex(std::string_view bytes);
 // Lower-case hex SHA-256 of the whole file at `path`, read in 4 MiB blocks. `progress`, when set,
 // is called with the bytes hashed so far after each block. Fails with kIo if the file cannot be
 // opened or read.
-Result<std::string> Sha256File(const std::string& path,
-                               const std::function<void(uint64_t)>& progress = nullptr);
+Result<std::string> Sha256File(const std::string& path, const std::function<void(uint64_t)>& progress = nullptr);
 
 }  // namespace mr

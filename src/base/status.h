@@ -36,12 +36,24 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return Status(ErrorCode::kInvalidArgument, std::move(m)); }
-inline Status NotFound(std::string m) { return Status(ErrorCode::kNotFound, std::move(m)); }
-inline Status IoError(std::string m) { return Status(ErrorCode::kIo, std::move(m)); }
-inline Status Unsupported(std::string m) { return Status(ErrorCode::kUnsupported, std::move(m)); }
-inline Status OutOfRange(std::string m) { return Status(ErrorCode::kOutOfRange, std::move(m)); }
-inline Status Internal(std::string m) { return Status(ErrorCode::kInternal, std::move(m)); }
+inline Status InvalidArgument(std::string m) {
+  return Status(ErrorCode::kInvalidArgument, std::move(m));
+}
+inline Status NotFound(std::string m) {
+  return Status(ErrorCode::kNotFound, std::move(m));
+}
+inline Status IoError(std::string m) {
+  return Status(ErrorCode::kIo, std::move(m));
+}
+inline Status Unsupported(std::string m) {
+  return Status(ErrorCode::kUnsupported, std::move(m));
+}
+inline Status OutOfRange(std::string m) {
+  return Status(ErrorCode::kOutOfRange, std::move(m));
+}
+inline Status Internal(std::string m) {
+  return Status(ErrorCode::kInternal, std::move(m));
+}
 
 template <typename T>
 class [[nodiscard]] Result {
@@ -71,16 +83,20 @@ class [[nodiscard]] Result {
 
 }  // namespace mr
 
-#define MR_CHECK(cond) \
-  do { if (!(cond)) ::mr::CheckFailed(__FILE__, __LINE__, #cond, nullptr); } while (0)
-#define MR_CHECK_MSG(cond, msg) \
-  do { if (!(cond)) ::mr::CheckFailed(__FILE__, __LINE__, #cond, (msg)); } while (0)
+#define MR_CHECK(cond)                                                  \
+  do {                                                                  \
+    if (!(cond)) ::mr::CheckFailed(__FILE__, __LINE__, #cond, nullptr); \
+  } while (0)
+#define MR_CHECK_MSG(cond, msg)                                       \
+  do {                                                                \
+    if (!(cond)) ::mr::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
+  } while (0)
 
 // Propagate an error Status from an expression returning Status.
-#define MR_RETURN_IF_ERROR(expr)           \
-  do {                                     \
-    ::mr::Status _st = (expr);             \
-    if (!_st.ok()) return _st;             \
+#define MR_RETURN_IF_ERROR(expr) \
+  do {                           \
+    ::mr::Status _st = (expr);   \
+    if (!_st.ok()) return _st;   \
   } while (0)
 
 #define MR_CONCAT_INNER(a, b) a##b

@@ -1,9 +1,8 @@
 #include "base/thread_pool.h"
 
-#include <atomic>
-
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -86,7 +85,9 @@ namespace {
 std::atomic<int> g_default_threads{0};
 }  // namespace
 
-void ThreadPool::SetDefaultThreads(int n) { g_default_threads.store(n > 0 ? n : 0); }
+void ThreadPool::SetDefaultThreads(int n) {
+  g_default_threads.store(n > 0 ? n : 0);
+}
 
 int ThreadPool::DefaultThreads() {
   if (const int n = g_default_threads.load(); n > 0) return n;

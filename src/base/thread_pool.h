@@ -38,9 +38,8 @@ class ThreadPool {
   template <class F>
   void ParallelFor(int64_t n, F&& fn) {
     using Fn = std::remove_reference_t<F>;
-    FnRef ref{const_cast<void*>(static_cast<const void*>(&fn)), [](void* o, int64_t b, int64_t e, int t) {
-                (*static_cast<Fn*>(o))(b, e, t);
-              }};
+    FnRef ref{const_cast<void*>(static_cast<const void*>(&fn)),
+              [](void* o, int64_t b, int64_t e, int t) { (*static_cast<Fn*>(o))(b, e, t); }};
     Run(n, ref);
   }
 

@@ -1,12 +1,11 @@
 #include <cpuid.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "base/log.h"
 #include "kernels/ops.h"
-
-#include <atomic>
 #include "kernels/ref/ops_ref.h"
 #include "kernels/x86/kernels_x86.h"
 
@@ -42,24 +41,39 @@ CpuFlags ReadCpuFlags() {
   return f;
 }
 
-const KernelTable kScalar = {CpuVariant::kScalar, &ref::QuantizeActs, &ref::MatmulQ8Tiles, &ref::MatmulQ8GluTiles,
-                             &ref::AttentionGqa, {&ref::MatmulKTiles, &ref::MatmulKTiles},
+const KernelTable kScalar = {CpuVariant::kScalar,
+                             &ref::QuantizeActs,
+                             &ref::MatmulQ8Tiles,
+                             &ref::MatmulQ8GluTiles,
+                             &ref::AttentionGqa,
+                             {&ref::MatmulKTiles, &ref::MatmulKTiles},
                              {&ref::MatmulKGluTiles, &ref::MatmulKGluTiles}};
-const KernelTable kAvx2 = {CpuVariant::kAvx2, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx2, &x86::MatmulQ8GluAvx2,
-                           &x86::AttentionGqaAvx2, {&x86::MatmulQ4KAvx2, &x86::MatmulQ6KAvx2},
+const KernelTable kAvx2 = {CpuVariant::kAvx2,
+                           &x86::QuantizeActsAvx2,
+                           &x86::MatmulQ8Avx2,
+                           &x86::MatmulQ8GluAvx2,
+                           &x86::AttentionGqaAvx2,
+                           {&x86::MatmulQ4KAvx2, &x86::MatmulQ6KAvx2},
                            {&x86::MatmulQ4KGluAvx2, &x86::MatmulQ6KGluAvx2}};
 // AVX-512 machines have AVX2: activation quantization and attention are shared.
-const KernelTable kAvx512 = {CpuVariant::kAvx512, &x86::QuantizeActsAvx2, &x86::MatmulQ8Avx512, &x86::MatmulQ8GluAvx512,
-                             &x86::AttentionGqaAvx2, {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512},
+const KernelTable kAvx512 = {CpuVariant::kAvx512,
+                             &x86::QuantizeActsAvx2,
+                             &x86::MatmulQ8Avx512,
+                             &x86::MatmulQ8GluAvx512,
+                             &x86::AttentionGqaAvx2,
+                             {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512},
                              {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512}};
 
 }  // namespace
 
 const char* CpuVariantName(CpuVariant v) {
   switch (v) {
-    case CpuVariant::kScalar: return "scalar";
-    case CpuVariant::kAvx2: return "avx2";
-    case CpuVariant::kAvx512: return "avx512";
+    case CpuVariant::kScalar:
+      return "scalar";
+    case CpuVariant::kAvx2:
+      return "avx2";
+    case CpuVariant::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -67,9 +81,12 @@ const char* CpuVariantName(CpuVariant v) {
 bool CpuSupports(CpuVariant v) {
   static const CpuFlags f = ReadCpuFlags();
   switch (v) {
-    case CpuVariant::kScalar: return true;
-    case CpuVariant::kAvx2: return f.avx2 && f.fma && f.f16c;
-    case CpuVariant::kAvx512: return f.avx512 && f.fma && f.f16c;
+    case CpuVariant::kScalar:
+      return true;
+    case CpuVariant::kAvx2:
+      return f.avx2 && f.fma && f.f16c;
+    case CpuVariant::kAvx512:
+      return f.avx512 && f.fma && f.f16c;
   }
   return false;
 }
@@ -94,7 +111,9 @@ bool ParseCpuVariant(const std::string& name, CpuVariant* v) {
   return false;
 }
 
-void RequestCpuVariant(std::optional<CpuVariant> v) { g_cpu_request.store(v ? static_cast<int>(*v) : -1); }
+void RequestCpuVariant(std::optional<CpuVariant> v) {
+  g_cpu_request.store(v ? static_cast<int>(*v) : -1);
+}
 
 CpuVariant SelectedCpuVariant() {
   const int req = g_cpu_request.load();
@@ -110,9 +129,12 @@ CpuVariant SelectedCpuVariant() {
 
 const KernelTable& GetKernels(CpuVariant v) {
   switch (v) {
-    case CpuVariant::kAvx512: return kAvx512;
-    case CpuVariant::kAvx2: return kAvx2;
-    case CpuVariant::kScalar: return kScalar;
+    case CpuVariant::kAvx512:
+      return kAvx512;
+    case CpuVariant::kAvx2:
+      return kAvx2;
+    case CpuVariant::kScalar:
+      return kScalar;
   }
   return kScalar;
 }

@@ -186,7 +186,8 @@ TEST_P(VariantTest, FusedGluMatchesReference) {
         ref::MatmulQ8IntGlu(g, u, xq.data(), xs.data(), n, act, y_ref.data(), out, 0, out);
         k.matmul_q8_glu(gp, up, xq.data(), xs.data(), n, act, y.data(), out, 0, gp.tiles());
         for (int64_t i = 0; i < n * out; ++i) {
-          EXPECT_NEAR(y_ref[i], y[i], 2e-4f * (1.0f + std::fabs(y_ref[i]))) << "out " << out << " n " << n << " i " << i;
+          EXPECT_NEAR(y_ref[i], y[i], 2e-4f * (1.0f + std::fabs(y_ref[i])))
+              << "out " << out << " n " << n << " i " << i;
         }
       }
     }
@@ -203,7 +204,10 @@ TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
         const int64_t n_kv = 2, stride = n_kv * hd, kh = 1;
         auto kf = RandomVec(j1 * stride, 11, 2.0f), vf = RandomVec(j1 * stride, 12);
         std::vector<uint16_t> K(kf.size()), V(vf.size());
-        for (size_t i = 0; i < kf.size(); ++i) { K[i] = F32ToBf16(kf[i]); V[i] = F32ToBf16(vf[i]); }
+        for (size_t i = 0; i < kf.size(); ++i) {
+          K[i] = F32ToBf16(kf[i]);
+          V[i] = F32ToBf16(vf[i]);
+        }
         auto q = RandomVec(n_q * hd, 13);
         std::vector<float> out(n_q * hd), scratch(AttentionScratchFloats(n_q, hd));
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -218,7 +222,10 @@ TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
             s[j - j0] = dot * scale;
             mx = std::max(mx, s[j - j0]);
           }
-          for (auto& x : s) { x = std::exp(x - mx); sum += x; }
+          for (auto& x : s) {
+            x = std::exp(x - mx);
+            sum += x;
+          }
           for (int64_t i = 0; i < hd; ++i) {
             double acc = 0;
             for (int64_t j = j0; j < j1; ++j) acc += s[j - j0] / sum * Bf16ToF32(V[j * stride + kh * hd + i]);
@@ -246,7 +253,11 @@ TEST(Ref, RopeRotatesPairsAndKeepsNorm) {
   EXPECT_NEAR(neox[0], std::cos(3.0f) - std::sin(3.0f), 1e-6);
   EXPECT_NEAR(neox[4], std::sin(3.0f) + std::cos(3.0f), 1e-6);
   double n0 = 0, n1 = 0, n2 = 0;
-  for (int i = 0; i < 8; ++i) { n0 += v[i] * v[i]; n1 += neox[i] * neox[i]; n2 += norm[i] * norm[i]; }
+  for (int i = 0; i < 8; ++i) {
+    n0 += v[i] * v[i];
+    n1 += neox[i] * neox[i];
+    n2 += norm[i] * norm[i];
+  }
   EXPECT_NEAR(n0, n1, 1e-5);
   EXPECT_NEAR(n0, n2, 1e-5);
 }

@@ -75,14 +75,16 @@ const OffsetTable& Table(KFormat f) {
 
 }  // namespace
 
-const char* KFormatName(KFormat f) { return f == KFormat::kQ4K ? "q4_k" : "q6_k"; }
+const char* KFormatName(KFormat f) {
+  return f == KFormat::kQ4K ? "q4_k" : "q6_k";
+}
 
 int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
   if (f == KFormat::kQ4K) {
-    if (b < 2) return 2 * o + b;                                      // d
-    if (b < 4) return 32 + 2 * o + (b - 2);                           // dmin
-    if (b < 16) return 64 + 16 * (b - 4) + o;                         // scales
-    const int64_t q = b - 16;                                         // qs
+    if (b < 2) return 2 * o + b;               // d
+    if (b < 4) return 32 + 2 * o + (b - 2);    // dmin
+    if (b < 16) return 64 + 16 * (b - 4) + o;  // scales
+    const int64_t q = b - 16;                  // qs
     return 256 + (q / 4) * 64 + 4 * o + q % 4;
   }
   if (b < 128) {  // ql: half n, first or second 32 bytes of the half, chunk c
@@ -94,7 +96,7 @@ int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
     return 288 + (n * 8 + (h % 32) / 4) * 192 + 128 + 4 * o + h % 4;
   }
   if (b < 208) return 32 + 16 * (b - 192) + o;  // scales
-  return 2 * o + (b - 208);                      // d
+  return 2 * o + (b - 208);                     // d
 }
 
 KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols) {

@@ -36,13 +36,17 @@ namespace mr {
 
 enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1 };
 constexpr int kKFormats = 2;
-constexpr int64_t kKTile = 16;    // output rows per tile
-constexpr int64_t kKSuper = 256;  // inputs per super-block (ggml QK_K)
+constexpr int64_t kKTile = 16;           // output rows per tile
+constexpr int64_t kKSuper = 256;         // inputs per super-block (ggml QK_K)
 constexpr int64_t kQ4KSuperBytes = 144;  // sizeof(block_q4_K)
 constexpr int64_t kQ6KSuperBytes = 210;  // sizeof(block_q6_K)
 
-constexpr int64_t KSuperBytes(KFormat f) { return f == KFormat::kQ4K ? kQ4KSuperBytes : kQ6KSuperBytes; }
-constexpr int64_t KBlockBytes(KFormat f) { return kKTile * KSuperBytes(f); }
+constexpr int64_t KSuperBytes(KFormat f) {
+  return f == KFormat::kQ4K ? kQ4KSuperBytes : kQ6KSuperBytes;
+}
+constexpr int64_t KBlockBytes(KFormat f) {
+  return kKTile * KSuperBytes(f);
+}
 const char* KFormatName(KFormat f);
 
 // Offset inside a tile block of byte `b` (0 <= b < KSuperBytes) of the ggml block of tile row
@@ -51,8 +55,8 @@ int64_t KByteOffset(KFormat f, int64_t o, int64_t b);
 
 struct KMatrix {
   KFormat format = KFormat::kQ4K;
-  int64_t rows = 0;  // output features
-  int64_t cols = 0;  // input features, multiple of kKSuper
+  int64_t rows = 0;           // output features
+  int64_t cols = 0;           // input features, multiple of kKSuper
   std::vector<uint8_t> data;  // (tiles, supers, KBlockBytes) as described above
 
   int64_t supers() const { return cols / kKSuper; }

@@ -1,6 +1,8 @@
 // Native K-quant formats (kquant.h): the repack is a pure permutation of the ggml bytes, the
 // packed rows dequantize exactly as the GGUF reader does, and every kernel variant matches the
 // scalar reference on odd sizes, partial tile ranges and 1..13 activation rows.
+#include "kernels/kquant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "base/half.h"
-#include "kernels/kquant.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 

@@ -3,11 +3,9 @@
 // their file suffix names and picked at start-up from cpuid + xgetbv (MERERUN_CPU overrides).
 #pragma once
 
-#include <string>
-
-#include <optional>
-
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "kernels/kquant.h"
 #include "kernels/q8.h"
@@ -65,7 +63,9 @@ struct KernelTable {
 };
 
 constexpr int64_t kAttnBlock = 64;
-inline int64_t AttentionScratchFloats(int64_t n_q, int64_t hd) { return n_q * kAttnBlock + 2 * hd + 2 * n_q; }
+inline int64_t AttentionScratchFloats(int64_t n_q, int64_t hd) {
+  return n_q * kAttnBlock + 2 * hd + 2 * n_q;
+}
 
 const KernelTable& GetKernels(CpuVariant v);
 

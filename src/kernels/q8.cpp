@@ -123,7 +123,8 @@ void QActs::Resize(int64_t rows, int64_t c) {
   n_rows = rows;
   cols = c;
   if (q.size() < static_cast<size_t>(rows * c)) q.resize(static_cast<size_t>(rows * c));
-  if (scales.size() < static_cast<size_t>(rows * (c / kActGroup))) scales.resize(static_cast<size_t>(rows * (c / kActGroup)));
+  if (scales.size() < static_cast<size_t>(rows * (c / kActGroup)))
+    scales.resize(static_cast<size_t>(rows * (c / kActGroup)));
   if (sums16.size() < static_cast<size_t>(rows * (c / 16))) sums16.resize(static_cast<size_t>(rows * (c / 16)));
   if (sums32.size() < static_cast<size_t>(rows * (c / 32))) sums32.resize(static_cast<size_t>(rows * (c / 32)));
 }

@@ -87,8 +87,8 @@ void DequantizeQ8Row(const QMatrix& m, int64_t o, float* dst);
 struct QActs {
   int64_t n_rows = 0;
   int64_t cols = 0;
-  std::vector<int8_t> q;       // (n_rows, cols)
-  std::vector<float> scales;   // (n_rows, cols / kActGroup)
+  std::vector<int8_t> q;      // (n_rows, cols)
+  std::vector<float> scales;  // (n_rows, cols / kActGroup)
   // For the native K-quant kernels (kquant.h), whose weights carry an offset (Q6_K's -32) or a
   // sub-block minimum (Q4_K): per-row sums of the quantized activations, filled by ComputeSums.
   std::vector<int16_t> sums16;  // (n_rows, cols / 16): sum of q over inputs 16j..16j+15 (|sum| <= 2032)

@@ -4,9 +4,12 @@ namespace mr {
 
 const char* WeightFormatName(WeightFormat f) {
   switch (f) {
-    case WeightFormat::kQ8G64: return "q8/g64";
-    case WeightFormat::kQ4K: return "q4_k";
-    case WeightFormat::kQ6K: return "q6_k";
+    case WeightFormat::kQ8G64:
+      return "q8/g64";
+    case WeightFormat::kQ4K:
+      return "q4_k";
+    case WeightFormat::kQ6K:
+      return "q6_k";
   }
   return "?";
 }

@@ -51,8 +51,8 @@ Status ReadFloatKey(const gguf::GgufFile& f, const std::string& key, double lo, 
 
 }  // namespace
 
-Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, int64_t hi,
-                  std::optional<int64_t> def, int64_t* out) {
+Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, int64_t hi, std::optional<int64_t> def,
+                  int64_t* out) {
   const gguf::MetaValue* v = f.Find(key);
   if (v == nullptr) {
     if (!def) return InvalidArgument("[model] missing metadata key '" + key + "'");
@@ -65,8 +65,9 @@ Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, i
   }
   const bool huge = v->type == gguf::ValueType::kU64 && v->u > static_cast<uint64_t>(INT64_MAX);
   if (huge || v->i < lo || v->i > hi) {
-    return InvalidArgument("[model] metadata key '" + key + "': got " + (huge ? std::to_string(v->u) : std::to_string(v->i)) +
-                           ", expected " + std::to_string(lo) + ".." + std::to_string(hi));
+    return InvalidArgument("[model] metadata key '" + key + "': got " +
+                           (huge ? std::to_string(v->u) : std::to_string(v->i)) + ", expected " + std::to_string(lo) +
+                           ".." + std::to_string(hi));
   }
   *out = v->i;
   return Status::Ok();
@@ -96,10 +97,12 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
                            ", expected a multiple of head_count " + std::to_string(cfg->n_head) +
                            " (no attention.key_length gives the head size)");
   }
-  MR_RETURN_IF_ERROR(ReadIntKey(f, p + "attention.key_length", 1, kMaxHeadDim, cfg->d_model / cfg->n_head, &cfg->head_dim));
+  MR_RETURN_IF_ERROR(
+      ReadIntKey(f, p + "attention.key_length", 1, kMaxHeadDim, cfg->d_model / cfg->n_head, &cfg->head_dim));
   // RoPE rotates pairs of dimensions within a head.
   if (cfg->head_dim % 2 != 0) {
-    return InvalidArgument("[model] head size (metadata key '" + p + "attention.key_length' or embedding_length / head_count): got " +
+    return InvalidArgument("[model] head size (metadata key '" + p +
+                           "attention.key_length' or embedding_length / head_count): got " +
                            std::to_string(cfg->head_dim) + ", expected an even number");
   }
   int64_t v_len = 0;

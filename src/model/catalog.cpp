@@ -1,16 +1,14 @@
 #include "model/catalog.h"
 
-#include <mutex>
-
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace mr::model {
 namespace {
@@ -28,8 +26,8 @@ bool IsHex64(const std::string& s) {
 
 // A plain file name: no directories, not "." or "..", not hidden.
 bool IsSafeFileName(const std::string& s) {
-  return !s.empty() && s.find('/') == std::string::npos && s.find('\\') == std::string::npos &&
-         s[0] != '.' && s.find('\0') == std::string::npos;
+  return !s.empty() && s.find('/') == std::string::npos && s.find('\\') == std::string::npos && s[0] != '.' &&
+         s.find('\0') == std::string::npos;
 }
 
 std::mutex g_home_mu;
@@ -45,9 +43,7 @@ class EntryReader {
  public:
   EntryReader(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
 
-  Status Error(const std::string& what) const {
-    return InvalidArgument("[catalog] " + where_ + ": " + what);
-  }
+  Status Error(const std::string& what) const { return InvalidArgument("[catalog] " + where_ + ": " + what); }
   Result<std::string> String(const char* key, bool required) const {
     auto it = obj_.find(key);
     if (it == obj_.end()) {
@@ -138,8 +134,8 @@ Result<CatalogEntry> ParseEntry(const json& j, size_t index, const std::string& 
   }
   if (e.size_bytes <= 0) return r.Error("size_bytes must be positive (got " + std::to_string(e.size_bytes) + ")");
   if (!IsHex64(e.sha256)) {
-    return r.Error("sha256 must be 64 lower-case hex digits (got " + std::to_string(e.sha256.size()) +
-                   " chars: '" + e.sha256 + "')");
+    return r.Error("sha256 must be 64 lower-case hex digits (got " + std::to_string(e.sha256.size()) + " chars: '" +
+                   e.sha256 + "')");
   }
   if (auto it = j.find("aliases"); it != j.end()) {
     if (!it->is_array()) return r.Error("aliases must be an array of strings");
@@ -158,7 +154,10 @@ Result<CatalogEntry> ParseEntry(const json& j, size_t index, const std::string& 
   int64_t total = 0;
   for (size_t i = 0; i < parts->size(); ++i) {
     MR_ASSIGN_OR_RETURN(CatalogPart p, ParsePart((*parts)[i], where + ": parts[" + std::to_string(i) + "]"));
-    if (p.size_bytes < 0) all_sized = false; else total += p.size_bytes;
+    if (p.size_bytes < 0)
+      all_sized = false;
+    else
+      total += p.size_bytes;
     e.parts.push_back(std::move(p));
   }
   if (all_sized && total != e.size_bytes) {
@@ -232,13 +231,11 @@ Result<Catalog> ParseCatalog(std::string_view json_text, const std::string& orig
     all.push_back(e.name);
     for (const std::string& n : all) {
       if (!names.insert(n).second) {
-        return InvalidArgument("[catalog] " + origin + ": model '" + e.name + "': name '" + n +
-                               "' is used twice");
+        return InvalidArgument("[catalog] " + origin + ": model '" + e.name + "': name '" + n + "' is used twice");
       }
     }
     if (!files.insert(e.file).second) {
-      return InvalidArgument("[catalog] " + origin + ": model '" + e.name + "': file '" + e.file +
-                             "' is used twice");
+      return InvalidArgument("[catalog] " + origin + ": model '" + e.name + "': file '" + e.file + "' is used twice");
     }
     cat.models.push_back(std::move(e));
   }
@@ -279,8 +276,7 @@ Result<std::string> FindCatalogPath() {
     if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
     list += (list.empty() ? "" : ", ") + p.string();
   }
-  return NotFound("[catalog] models/catalog.json not found (tried " + list +
-                  "); set MERERUN_CATALOG to its path");
+  return NotFound("[catalog] models/catalog.json not found (tried " + list + "); set MERERUN_CATALOG to its path");
 }
 
 Result<Catalog> LoadDefaultCatalog() {
@@ -301,7 +297,9 @@ std::string MererunHome() {
   return (cache / "mererun").string();
 }
 
-std::string ModelCacheDir() { return (fs::path(MererunHome()) / "models").string(); }
+std::string ModelCacheDir() {
+  return (fs::path(MererunHome()) / "models").string();
+}
 
 std::string CachedModelPath(const CatalogEntry& entry) {
   return (fs::path(ModelCacheDir()) / entry.file).string();

@@ -34,13 +34,13 @@ struct CatalogEntry {
   std::string name;                  // catalog name, e.g. "smollm2-135m-instruct"
   std::vector<std::string> aliases;  // other accepted names
   std::string description;
-  std::string architecture;          // GGUF general.architecture, e.g. "llama", "qwen2"
-  std::string file;                  // final file name in the cache, e.g. "x-q4_k_m.gguf"
-  int64_t size_bytes = 0;            // size of the final file
-  std::string sha256;                // lower-case hex of the final file
-  std::vector<CatalogPart> parts;    // in concatenation order; at least one
-  std::string status;                // "confirmed", or a note on what is wrong
-  std::string chat_template;         // chat format family: "chatml", "qwen2", "gemma", "none", ...
+  std::string architecture;        // GGUF general.architecture, e.g. "llama", "qwen2"
+  std::string file;                // final file name in the cache, e.g. "x-q4_k_m.gguf"
+  int64_t size_bytes = 0;          // size of the final file
+  std::string sha256;              // lower-case hex of the final file
+  std::vector<CatalogPart> parts;  // in concatenation order; at least one
+  std::string status;              // "confirmed", or a note on what is wrong
+  std::string chat_template;       // chat format family: "chatml", "qwen2", "gemma", "none", ...
   CatalogSampling sampling;
 
   bool Matches(std::string_view name_or_alias) const;

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <string>
 
-
 namespace mr::model {
 namespace {
 
@@ -13,10 +12,9 @@ const char* kSha = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110
 
 // A valid one-model catalog; `patch` replaces the text of one field for error tests.
 std::string OneModel(const std::string& extra_fields = "", const std::string& parts = "") {
-  std::string p = parts.empty()
-                      ? R"([{"package": "pkg-a", "version": "1.0", "member": "a/x.bin", "size_bytes": 6},
+  std::string p = parts.empty() ? R"([{"package": "pkg-a", "version": "1.0", "member": "a/x.bin", "size_bytes": 6},
                            {"package": "pkg-b", "version": "1.0", "member": "b/x.bin", "size_bytes": 4}])"
-                      : parts;
+                                : parts;
   return std::string(R"({"version": 1, "models": [{"name": "tiny", "aliases": ["t"],)") +
          R"("architecture": "llama", "file": "tiny.gguf", "size_bytes": 10, "sha256": ")" + kSha +
          R"(", "status": "confirmed", "parts": )" + p + extra_fields + "}]}";
@@ -66,8 +64,7 @@ TEST(Catalog, RejectsBadSha256) {
 TEST(Catalog, RejectsPartSizesThatDoNotAddUp) {
   auto cat = ParseCatalog(OneModel("", R"([{"package": "p", "version": "1", "member": "m", "size_bytes": 9}])"));
   ASSERT_FALSE(cat.ok());
-  EXPECT_NE(cat.status().message().find("part sizes add up to 9 bytes, expected size_bytes 10"),
-            std::string::npos)
+  EXPECT_NE(cat.status().message().find("part sizes add up to 9 bytes, expected size_bytes 10"), std::string::npos)
       << cat.status().message();
 }
 
@@ -95,8 +92,7 @@ TEST(Catalog, RejectsWrongFieldType) {
   text.replace(text.find("\"size_bytes\": 10"), 16, "\"size_bytes\": \"10\"");
   auto cat = ParseCatalog(text);
   ASSERT_FALSE(cat.ok());
-  EXPECT_NE(cat.status().message().find("field 'size_bytes' must be an integer (got string)"),
-            std::string::npos)
+  EXPECT_NE(cat.status().message().find("field 'size_bytes' must be an integer (got string)"), std::string::npos)
       << cat.status().message();
 }
 

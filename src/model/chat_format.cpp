@@ -35,13 +35,27 @@ void PyEscape(const std::string& s, std::string* out) {
   out->push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -81,11 +95,19 @@ void PyDump(const nlohmann::ordered_json& v, std::string* out) {
       out->push_back(']');
       break;
     }
-    case nlohmann::ordered_json::value_t::string: PyEscape(v.get_ref<const std::string&>(), out); break;
-    case nlohmann::ordered_json::value_t::boolean: *out += v.get<bool>() ? "true" : "false"; break;
+    case nlohmann::ordered_json::value_t::string:
+      PyEscape(v.get_ref<const std::string&>(), out);
+      break;
+    case nlohmann::ordered_json::value_t::boolean:
+      *out += v.get<bool>() ? "true" : "false";
+      break;
     case nlohmann::ordered_json::value_t::null:
-    case nlohmann::ordered_json::value_t::discarded: *out += "null"; break;
-    default: *out += v.dump(); break;  // numbers
+    case nlohmann::ordered_json::value_t::discarded:
+      *out += "null";
+      break;
+    default:
+      *out += v.dump();
+      break;  // numbers
   }
 }
 
@@ -117,8 +139,9 @@ class Prompt {
 
 // Qwen2.5's tools section of the system turn.
 void ToolsSection(const std::vector<ChatTool>& tools, Prompt* p) {
-  p->Lit("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+  p->Lit(
+      "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
   for (const ChatTool& t : tools) {
     nlohmann::ordered_json fn = nlohmann::ordered_json::object();
     fn["name"] = t.name;
@@ -129,9 +152,10 @@ void ToolsSection(const std::vector<ChatTool>& tools, Prompt* p) {
     wrapped["function"] = std::move(fn);
     p->Lit("\n").Content(PyJsonDumps(wrapped));
   }
-  p->Lit("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-         "<args-json-object>}\n</tool_call>");
+  p->Lit(
+      "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call>");
 }
 
 void ToolCall(const ChatToolCall& call, Prompt* p) {
@@ -168,9 +192,12 @@ ChatFamily DetectChatFamily(const gguf::GgufFile& f) {
 
 const char* ChatFamilyName(ChatFamily family) {
   switch (family) {
-    case ChatFamily::kChatML: return "chatml";
-    case ChatFamily::kGemma: return "gemma";
-    case ChatFamily::kNone: return "none";
+    case ChatFamily::kChatML:
+      return "chatml";
+    case ChatFamily::kGemma:
+      return "gemma";
+    case ChatFamily::kNone:
+      return "none";
   }
   return "?";
 }

@@ -11,15 +11,16 @@
 // Hugging Face templates render `tojson` that way.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/tokenizer.h"
 
 namespace mr {
-namespace gguf { class GgufFile; }
+namespace gguf {
+class GgufFile;
+}
 
 enum class ChatFamily { kChatML, kGemma, kNone };
 

@@ -31,12 +31,12 @@ constexpr int64_t kQK = 32;     // elements per block of the legacy quants (QK4_
 constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
 
 // Block sizes in bytes (sizeof(block_*) in ggml-common.h).
-constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;                             // d, qs[16]
-constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;                         // d, m, qs[16]
-constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;                         // d, qh[4], qs[16]
-constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                     // d, m, qh[4], qs[16]
-constexpr int64_t kQ8_0Bytes = 2 + kQK;                                 // d, qs[32]
-constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;      // ... qh[32], qs[128]
+constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;                         // d, qs[16]
+constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;                     // d, m, qs[16]
+constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;                     // d, qh[4], qs[16]
+constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                 // d, m, qh[4], qs[16]
+constexpr int64_t kQ8_0Bytes = 2 + kQK;                             // d, qs[32]
+constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;  // ... qh[32], qs[128]
 
 inline uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;

@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <limits>
 
 namespace mr::gguf {
@@ -43,8 +43,12 @@ const TypeTraits kI32 = {"i32", 1, 4};
 const TypeTraits kI64 = {"i64", 1, 8};
 const TypeTraits kF64 = {"f64", 1, 8};
 
-bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
-bool AddOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+bool AddOverflow(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
 
 // Bounds-checked little-endian cursor over the mapped image.
 class Reader {
@@ -64,7 +68,9 @@ class Reader {
     return Status::Ok();
   }
   template <typename T>
-  Status Pod(T* out, const char* what) { return Bytes(out, sizeof(T), what); }
+  Status Pod(T* out, const char* what) {
+    return Bytes(out, sizeof(T), what);
+  }
 
   // A GGUF string of at most max_len bytes (a name), charged against the memory budget.
   Status String(std::string* out, const char* what, uint64_t max_len = UINT64_MAX) {
@@ -105,41 +111,119 @@ class Reader {
 // allocating). Strings take at least their 8-byte length; arrays at least type + length.
 uint64_t MinEncodedSize(ValueType t) {
   switch (t) {
-    case ValueType::kU8: case ValueType::kI8: case ValueType::kBool: return 1;
-    case ValueType::kU16: case ValueType::kI16: return 2;
-    case ValueType::kU32: case ValueType::kI32: case ValueType::kF32: return 4;
-    case ValueType::kU64: case ValueType::kI64: case ValueType::kF64: return 8;
-    case ValueType::kString: return 8;
-    case ValueType::kArray: return 12;
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kU16:
+    case ValueType::kI16:
+      return 2;
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kF32:
+      return 4;
+    case ValueType::kU64:
+    case ValueType::kI64:
+    case ValueType::kF64:
+      return 8;
+    case ValueType::kString:
+      return 8;
+    case ValueType::kArray:
+      return 12;
   }
   return 1;
 }
 
-bool ValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::kF64); }
+bool ValidValueType(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::kF64);
+}
 
 Status ReadScalarBody(Reader& r, ValueType t, MetaValue* v, const std::string& key) {
   v->type = t;
   const char* what = "metadata value";
   switch (t) {
-    case ValueType::kU8: { uint8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = x; break; }
-    case ValueType::kI8: { int8_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case ValueType::kU16: { uint16_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = x; break; }
-    case ValueType::kI16: { int16_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case ValueType::kU32: { uint32_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = x; break; }
-    case ValueType::kI32: { int32_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case ValueType::kU64: { uint64_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->u = x; v->i = static_cast<int64_t>(x); break; }
-    case ValueType::kI64: { int64_t x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case ValueType::kF32: { float x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->f = x; break; }
-    case ValueType::kF64: { double x; MR_RETURN_IF_ERROR(r.Pod(&x, what)); v->f = x; break; }
+    case ValueType::kU8: {
+      uint8_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case ValueType::kI8: {
+      int8_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case ValueType::kU16: {
+      uint16_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case ValueType::kI16: {
+      int16_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case ValueType::kU32: {
+      uint32_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case ValueType::kI32: {
+      int32_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case ValueType::kU64: {
+      uint64_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->u = x;
+      v->i = static_cast<int64_t>(x);
+      break;
+    }
+    case ValueType::kI64: {
+      int64_t x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case ValueType::kF32: {
+      float x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->f = x;
+      break;
+    }
+    case ValueType::kF64: {
+      double x;
+      MR_RETURN_IF_ERROR(r.Pod(&x, what));
+      v->f = x;
+      break;
+    }
     case ValueType::kBool: {
       uint8_t x;
       MR_RETURN_IF_ERROR(r.Pod(&x, what));
       if (x > 1) return InvalidArgument("[gguf] key '" + key + "': bool value " + std::to_string(x) + " is not 0 or 1");
-      v->b = x != 0; v->u = x; v->i = x;
+      v->b = x != 0;
+      v->u = x;
+      v->i = x;
       break;
     }
-    case ValueType::kString: MR_RETURN_IF_ERROR(r.String(&v->s, what)); break;
-    case ValueType::kArray: return Internal("[gguf] ReadScalar called on array");
+    case ValueType::kString:
+      MR_RETURN_IF_ERROR(r.String(&v->s, what));
+      break;
+    case ValueType::kArray:
+      return Internal("[gguf] ReadScalar called on array");
   }
   return Status::Ok();
 }
@@ -153,11 +237,13 @@ Status ReadScalar(Reader& r, ValueType t, MetaValue* v, const std::string& key) 
 
 Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, int depth) {
   if (t != ValueType::kArray) return ReadScalar(r, t, v, key);
-  if (depth >= kMaxArrayDepth) return InvalidArgument("[gguf] key '" + key + "': arrays nested deeper than " + std::to_string(kMaxArrayDepth));
+  if (depth >= kMaxArrayDepth)
+    return InvalidArgument("[gguf] key '" + key + "': arrays nested deeper than " + std::to_string(kMaxArrayDepth));
   v->type = ValueType::kArray;
   uint32_t et = 0;
   MR_RETURN_IF_ERROR(r.Pod(&et, "array element type"));
-  if (!ValidValueType(et)) return InvalidArgument("[gguf] key '" + key + "': unknown array element type " + std::to_string(et));
+  if (!ValidValueType(et))
+    return InvalidArgument("[gguf] key '" + key + "': unknown array element type " + std::to_string(et));
   v->elem_type = static_cast<ValueType>(et);
   uint64_t n = 0;
   MR_RETURN_IF_ERROR(r.Pod(&n, "array length"));
@@ -173,8 +259,9 @@ Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, i
                                                         : sizeof(int64_t);  // arr_int / arr_float
   uint64_t memory = 0;
   if (MulOverflow(n, elem_memory, &memory) || !r.Charge(memory, "array").ok()) {
-    return InvalidArgument("[gguf] key '" + key + "': array of " + std::to_string(n) + " elements needs more memory than the " +
-                           std::to_string(kMaxHeaderMemory >> 20) + " MiB allowed for metadata");
+    return InvalidArgument("[gguf] key '" + key + "': array of " + std::to_string(n) +
+                           " elements needs more memory than the " + std::to_string(kMaxHeaderMemory >> 20) +
+                           " MiB allowed for metadata");
   }
   // Grow as elements really parse (a lying length costs no more memory than the bytes that
   // back it), and bound arrays of arrays, whose 12-byte empty elements are cheap to forge.
@@ -218,13 +305,20 @@ Status ReadValue(Reader& r, ValueType t, MetaValue* v, const std::string& key, i
 const TypeTraits* GetTypeTraits(uint32_t type) {
   if (type < sizeof(kTraits) / sizeof(kTraits[0])) return kTraits[type].name ? &kTraits[type] : nullptr;
   switch (static_cast<TensorType>(type)) {
-    case TensorType::kBF16: return &kBf16;
-    case TensorType::kI8: return &kI8;
-    case TensorType::kI16: return &kI16;
-    case TensorType::kI32: return &kI32;
-    case TensorType::kI64: return &kI64;
-    case TensorType::kF64: return &kF64;
-    default: return nullptr;
+    case TensorType::kBF16:
+      return &kBf16;
+    case TensorType::kI8:
+      return &kI8;
+    case TensorType::kI16:
+      return &kI16;
+    case TensorType::kI32:
+      return &kI32;
+    case TensorType::kI64:
+      return &kI64;
+    case TensorType::kF64:
+      return &kF64;
+    default:
+      return nullptr;
   }
 }
 
@@ -234,15 +328,22 @@ std::string TypeName(uint32_t type) {
 }
 
 const char* ValueTypeName(ValueType t) {
-  static const char* kNames[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                 "bool", "string", "array", "u64", "i64", "f64"};
   auto i = static_cast<uint32_t>(t);
   return i < 13 ? kNames[i] : "unknown";
 }
 
 bool MetaValue::is_integer() const {
   switch (type) {
-    case ValueType::kU8: case ValueType::kI8: case ValueType::kU16: case ValueType::kI16:
-    case ValueType::kU32: case ValueType::kI32: case ValueType::kU64: case ValueType::kI64:
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kU16:
+    case ValueType::kI16:
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kU64:
+    case ValueType::kI64:
       return true;
     default:
       return false;
@@ -335,7 +436,8 @@ Status GgufFile::ParseImpl() {
     MR_RETURN_IF_ERROR(r.Charge(key.size() + kIndexEntryMemory, "metadata key index"));  // meta_index_
     uint32_t vt = 0;
     MR_RETURN_IF_ERROR(r.Pod(&vt, "metadata value type"));
-    if (!ValidValueType(vt)) return InvalidArgument("[gguf] key '" + key + "': unknown value type " + std::to_string(vt));
+    if (!ValidValueType(vt))
+      return InvalidArgument("[gguf] key '" + key + "': unknown value type " + std::to_string(vt));
     MetaValue v;
     MR_RETURN_IF_ERROR(ReadValue(r, static_cast<ValueType>(vt), &v, key, 0));
     if (meta_index_.count(key)) return InvalidArgument("[gguf] duplicate metadata key '" + key + "'");
@@ -361,12 +463,14 @@ Status GgufFile::ParseImpl() {
     const std::string tn = "[gguf] tensor '" + t.name + "': ";
     uint32_t n_dims = 0;
     MR_RETURN_IF_ERROR(r.Pod(&n_dims, "tensor n_dims"));
-    if (n_dims == 0 || n_dims > kMaxDims) return InvalidArgument(tn + "n_dims " + std::to_string(n_dims) + " is not in 1..4");
+    if (n_dims == 0 || n_dims > kMaxDims)
+      return InvalidArgument(tn + "n_dims " + std::to_string(n_dims) + " is not in 1..4");
     uint64_t n_elem = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       int64_t dim = 0;
       MR_RETURN_IF_ERROR(r.Pod(&dim, "tensor dimension"));
-      if (dim <= 0) return InvalidArgument(tn + "dimension " + std::to_string(d) + " is " + std::to_string(dim) + " (must be > 0)");
+      if (dim <= 0)
+        return InvalidArgument(tn + "dimension " + std::to_string(d) + " is " + std::to_string(dim) + " (must be > 0)");
       if (MulOverflow(n_elem, static_cast<uint64_t>(dim), &n_elem) || n_elem > static_cast<uint64_t>(INT64_MAX)) {
         return InvalidArgument(tn + "element count overflows");
       }
@@ -377,15 +481,17 @@ Status GgufFile::ParseImpl() {
     const TypeTraits* tr = GetTypeTraits(t.type);
     if (!tr) return Unsupported(tn + "unknown tensor type " + std::to_string(t.type));
     if (t.dims[0] % tr->block_elems != 0) {
-      return InvalidArgument(tn + "row length " + std::to_string(t.dims[0]) + " is not a multiple of the " +
-                             tr->name + " block size " + std::to_string(tr->block_elems));
+      return InvalidArgument(tn + "row length " + std::to_string(t.dims[0]) + " is not a multiple of the " + tr->name +
+                             " block size " + std::to_string(tr->block_elems));
     }
     uint64_t n_bytes = 0;
-    if (MulOverflow(n_elem / tr->block_elems, tr->block_bytes, &n_bytes)) return InvalidArgument(tn + "byte size overflows");
+    if (MulOverflow(n_elem / tr->block_elems, tr->block_bytes, &n_bytes))
+      return InvalidArgument(tn + "byte size overflows");
     t.n_elements = static_cast<int64_t>(n_elem);
     t.n_bytes = n_bytes;
     if (t.offset % alignment_ != 0) {
-      return InvalidArgument(tn + "offset " + std::to_string(t.offset) + " is not a multiple of the alignment " + std::to_string(alignment_));
+      return InvalidArgument(tn + "offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                             std::to_string(alignment_));
     }
     if (tensor_index_.count(t.name)) return InvalidArgument("[gguf] duplicate tensor name '" + t.name + "'");
     tensor_index_.emplace(t.name, tensors_.size());
@@ -395,7 +501,8 @@ Status GgufFile::ParseImpl() {
   // The data section starts at the next multiple of the alignment after the header.
   uint64_t data_start = (r.pos() + alignment_ - 1) / alignment_ * alignment_;
   if (data_start > size_ && !tensors_.empty()) {
-    return InvalidArgument("[gguf] data section starts at " + std::to_string(data_start) + ", past the end of the file (" + std::to_string(size_) + " bytes)");
+    return InvalidArgument("[gguf] data section starts at " + std::to_string(data_start) +
+                           ", past the end of the file (" + std::to_string(size_) + " bytes)");
   }
   for (TensorInfo& t : tensors_) {
     uint64_t begin = 0, end = 0;
@@ -464,14 +571,16 @@ const std::vector<std::string>* GgufFile::GetStringArray(std::string_view key) c
 
 const std::vector<int64_t>* GgufFile::GetIntArray(std::string_view key) const {
   const MetaValue* v = Find(key);
-  return v && v->type == ValueType::kArray && !v->arr_int.empty() ? &v->arr_int
-         : (v && v->type == ValueType::kArray && v->array_len == 0 ? &v->arr_int : nullptr);
+  return v && v->type == ValueType::kArray && !v->arr_int.empty()
+             ? &v->arr_int
+             : (v && v->type == ValueType::kArray && v->array_len == 0 ? &v->arr_int : nullptr);
 }
 
 const std::vector<double>* GgufFile::GetFloatArray(std::string_view key) const {
   const MetaValue* v = Find(key);
   return v && v->type == ValueType::kArray && (v->elem_type == ValueType::kF32 || v->elem_type == ValueType::kF64)
-             ? &v->arr_float : nullptr;
+             ? &v->arr_float
+             : nullptr;
 }
 
 const TensorInfo* GgufFile::FindTensor(std::string_view name) const {

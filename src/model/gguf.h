@@ -23,9 +23,26 @@ namespace mr::gguf {
 // ggml tensor types (values as in ggml.h). Only the ones the engine can dequantize are
 // accepted by the loader; others are rejected naming tensor and type.
 enum class TensorType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
-  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15,
-  kI8 = 24, kI16 = 25, kI32 = 26, kI64 = 27, kF64 = 28, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
 };
 
 struct TypeTraits {
@@ -38,8 +55,19 @@ const TypeTraits* GetTypeTraits(uint32_t type);
 std::string TypeName(uint32_t type);  // "q4_K", or "unknown(123)"
 
 enum class ValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 const char* ValueTypeName(ValueType t);
 
@@ -73,7 +101,7 @@ struct TensorInfo {
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  // into the mapping; valid while the GgufFile lives
 
-  int64_t rows() const;  // product of dims[1..]
+  int64_t rows() const;                                                           // product of dims[1..]
   uint64_t row_bytes() const { return n_bytes / static_cast<uint64_t>(rows()); }  // bytes of one dims[0] row
   int64_t cols() const { return dims.empty() ? 0 : dims[0]; }
 };
@@ -98,7 +126,7 @@ class GgufFile {
   const std::vector<std::pair<std::string, MetaValue>>& metadata() const { return meta_; }
   const MetaValue* Find(std::string_view key) const;
   std::optional<std::string> GetString(std::string_view key) const;
-  std::optional<int64_t> GetInt(std::string_view key) const;  // any integer type (u64 > INT64_MAX: nullopt)
+  std::optional<int64_t> GetInt(std::string_view key) const;   // any integer type (u64 > INT64_MAX: nullopt)
   std::optional<double> GetFloat(std::string_view key) const;  // f32/f64, or an integer
   std::optional<bool> GetBool(std::string_view key) const;
   const std::vector<std::string>* GetStringArray(std::string_view key) const;

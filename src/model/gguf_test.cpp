@@ -840,9 +840,11 @@ std::vector<HugeCase> HugeCases() {
                  return s;
                }),
                {"general.name", "MiB"}});
-  c.push_back({"U8ArrayLength2Pow39", Head([] { return ArrayHead("tokenizer.ggml.token_type", ValueType::kU8, 1ull << 39); }),
+  c.push_back({"U8ArrayLength2Pow39",
+               Head([] { return ArrayHead("tokenizer.ggml.token_type", ValueType::kU8, 1ull << 39); }),
                {"tokenizer.ggml.token_type", "MiB"}});
-  c.push_back({"StringArrayLength2Pow36", Head([] { return ArrayHead("tokenizer.ggml.tokens", ValueType::kString, 1ull << 36); }),
+  c.push_back({"StringArrayLength2Pow36",
+               Head([] { return ArrayHead("tokenizer.ggml.tokens", ValueType::kString, 1ull << 36); }),
                {"tokenizer.ggml.tokens", "MiB"}});
   c.push_back({"ManyLongStrings",
                [](uint8_t* image) {
@@ -861,7 +863,9 @@ std::vector<HugeCase> HugeCases() {
   return c;
 }
 
-void PrintTo(const HugeCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const HugeCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class GgufHugeClaim : public ::testing::TestWithParam<HugeCase> {};
 

@@ -1,13 +1,12 @@
 #include "model/model.h"
 
-#include <atomic>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
-
-#include <sys/mman.h>
 
 #include "base/half.h"
 #include "base/log.h"
@@ -81,10 +80,18 @@ std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
 std::atomic<bool> g_default_ref_path{false};
 }  // namespace
 
-WeightMode DefaultWeightMode() { return static_cast<WeightMode>(g_default_weights.load()); }
-void SetDefaultWeightMode(WeightMode m) { g_default_weights.store(static_cast<int>(m)); }
-bool DefaultReferencePath() { return g_default_ref_path.load(); }
-void SetDefaultReferencePath(bool ref) { g_default_ref_path.store(ref); }
+WeightMode DefaultWeightMode() {
+  return static_cast<WeightMode>(g_default_weights.load());
+}
+void SetDefaultWeightMode(WeightMode m) {
+  g_default_weights.store(static_cast<int>(m));
+}
+bool DefaultReferencePath() {
+  return g_default_ref_path.load();
+}
+void SetDefaultReferencePath(bool ref) {
+  g_default_ref_path.store(ref);
+}
 
 bool ParseWeightMode(const std::string& name, WeightMode* m) {
   for (WeightMode w : {WeightMode::kNative, WeightMode::kQ8G64}) {
@@ -96,7 +103,9 @@ bool ParseWeightMode(const std::string& name, WeightMode* m) {
   return false;
 }
 
-const char* WeightModeName(WeightMode m) { return m == WeightMode::kNative ? "native" : "q8g64"; }
+const char* WeightModeName(WeightMode m) {
+  return m == WeightMode::kNative ? "native" : "q8g64";
+}
 
 Model::Model() = default;
 Model::~Model() = default;
@@ -128,10 +137,13 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   }
   MR_RETURN_IF_ERROR(m->LoadWeights());
   m->InitRope();
-  MR_LOGI("model", "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB weights (%s: %lld matrices native, rest q8/g64), %s path, %s, %d threads",
+  MR_LOGI("model",
+          "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB weights (%s: %lld "
+          "matrices native, rest q8/g64), %s path, %s, %d threads",
           path.c_str(), arch.c_str(), (long long)m->cfg_.n_layer, (long long)m->cfg_.d_model, (long long)m->cfg_.n_head,
-          (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0, WeightModeName(m->weight_mode()), (long long)m->n_native_,
-          m->ref_path_ ? "reference" : "fast", CpuVariantName(m->kernels_->variant), m->pool_->size());
+          (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0,
+          WeightModeName(m->weight_mode()), (long long)m->n_native_, m->ref_path_ ? "reference" : "fast",
+          CpuVariantName(m->kernels_->variant), m->pool_->size());
   return m;
 }
 
@@ -171,9 +183,9 @@ int64_t FirstNonFinite(const float* x, int64_t n) {
 }
 
 Status NonFiniteError(const gguf::TensorInfo& t, int64_t row, int64_t col, float value) {
-  return InvalidArgument("[model] tensor '" + t.name + "' (" + gguf::TypeName(t.type) + "): row " + std::to_string(row) +
-                         ", column " + std::to_string(col) + " dequantizes to " + std::to_string(value) +
-                         ", expected a finite value");
+  return InvalidArgument("[model] tensor '" + t.name + "' (" + gguf::TypeName(t.type) + "): row " +
+                         std::to_string(row) + ", column " + std::to_string(col) + " dequantizes to " +
+                         std::to_string(value) + ", expected a finite value");
 }
 
 // The dequantization of a tensor's rows, with the tensor named in any error.
@@ -191,11 +203,13 @@ Status LoadVector(const gguf::GgufFile& f, const std::string& name, int64_t n, s
                            std::to_string(n));
   }
   if (!CanDequantize(t->type)) {
-    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
+    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) +
+                       ", which cannot be converted");
   }
   out->resize(n);
   MR_RETURN_IF_ERROR(DequantizeRows(*t, t->data, out->data(), n));
-  if (const int64_t i = FirstNonFinite(out->data(), n); i >= 0) return NonFiniteError(*t, i / t->cols(), i % t->cols(), (*out)[i]);
+  if (const int64_t i = FirstNonFinite(out->data(), n); i >= 0)
+    return NonFiniteError(*t, i / t->cols(), i % t->cols(), (*out)[i]);
   return Status::Ok();
 }
 
@@ -206,9 +220,14 @@ namespace {
 // The native K-quant format of a GGUF tensor type, if it has one.
 bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
   switch (static_cast<gguf::TensorType>(t.type)) {
-    case gguf::TensorType::kQ4_K: *f = KFormat::kQ4K; return true;
-    case gguf::TensorType::kQ6_K: *f = KFormat::kQ6K; return true;
-    default: return false;
+    case gguf::TensorType::kQ4_K:
+      *f = KFormat::kQ4K;
+      return true;
+    case gguf::TensorType::kQ6_K:
+      *f = KFormat::kQ6K;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -243,15 +262,17 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
     return Status::Ok();
   }
   if (!CanDequantize(t->type)) {
-    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) + ", which cannot be converted");
+    return Unsupported("[model] tensor '" + name + "' has type " + gguf::TypeName(t->type) +
+                       ", which cannot be converted");
   }
   if (cols % kQ8Group != 0) {
-    return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) + " is not a multiple of 64");
+    return Unsupported("[model] tensor '" + name + "': input size " + std::to_string(cols) +
+                       " is not a multiple of 64");
   }
   const size_t row_bytes = t->row_bytes();
   out->format = WeightFormat::kQ8G64;
   out->q8 = NewPackedQ8(rows, cols);  // tile-interleaved for the kernels (q8.h)
-  constexpr int64_t kChunk = 64;  // a multiple of kQ8Tile
+  constexpr int64_t kChunk = 64;      // a multiple of kQ8Tile
   const int64_t n_chunks = (rows + kChunk - 1) / kChunk;
   std::vector<Status> errors(pool_->size());
   const bool want_stats = MR_LOG_ENABLED(kDebug);
@@ -262,7 +283,10 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
       const int64_t r0 = ch * kChunk, nr = std::min(kChunk, rows - r0);
       for (int64_t r = 0; r < nr; ++r) {
         Status st = DequantizeRows(*t, t->data + (r0 + r) * row_bytes, buf.data() + r * cols, cols);
-        if (!st.ok()) { errors[th] = st; return; }
+        if (!st.ok()) {
+          errors[th] = st;
+          return;
+        }
       }
       if (const int64_t i = FirstNonFinite(buf.data(), nr * cols); i >= 0) {
         errors[th] = NonFiniteError(*t, r0 + i / cols, i % cols, buf[i]);
@@ -280,7 +304,11 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
   for (const Status& st : errors) MR_RETURN_IF_ERROR(st);
   if (MR_LOG_ENABLED(kDebug)) {
     double es = 0, ws = 0, em = 0;
-    for (size_t i = 0; i < err_sq.size(); ++i) { es += err_sq[i]; ws += w_sq[i]; em = std::max(em, err_max[i]); }
+    for (size_t i = 0; i < err_sq.size(); ++i) {
+      es += err_sq[i];
+      ws += w_sq[i];
+      em = std::max(em, err_max[i]);
+    }
     const double n = static_cast<double>(rows * cols);
     MR_LOGD("convert", "%-28s %-5s -> q8/g64: max err %.3g, rms err %.3g (%.3f%% of rms w)", name.c_str(),
             gguf::TypeName(t->type).c_str(), em, std::sqrt(es / n), 100.0 * std::sqrt(es / ws));
@@ -349,7 +377,8 @@ void Model::InitRope() {
 size_t Model::weight_bytes() const {
   size_t b = w_.output.bytes() + (cfg_.tied_embeddings ? w_.tok_embd.bytes() : 0);
   for (const LayerWeights& L : w_.layers) {
-    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
+    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() +
+         L.w_down.bytes();
   }
   return b;
 }
@@ -362,7 +391,7 @@ void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
   qa_.Resize(n_rows, cols);
   const int64_t groups = cols / kActGroup;
   const bool sums = n_native_ > 0;  // the K-quant kernels' minimum / offset terms
-  if (n_rows <= 8) {  // decode and verify: cheaper than a hand-off to the workers
+  if (n_rows <= 8) {                // decode and verify: cheaper than a hand-off to the workers
     kernels_->quantize_acts(x, n_rows, cols, qa_.q.data(), qa_.scales.data());
     if (sums) qa_.ComputeSums(0, n_rows);
     return;
@@ -374,7 +403,8 @@ void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
 }
 
 void Model::MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y) {
-  pool_->ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int) { MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), b, e); });
+  pool_->ParallelFor(w.tiles(),
+                     [&](int64_t b, int64_t e, int) { MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), b, e); });
 }
 
 // q, k and v projections of the quantized input in one parallel op: the threads split the
@@ -432,7 +462,8 @@ void Model::AttentionRef(int64_t layer, int64_t n, const float* q, float* out) {
   const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
   int64_t n_ctx = 0;
   for (int64_t t = 0; t < n; ++t) n_ctx = std::max(n_ctx, row_kv_[t]->n_ctx);
-  if (att_.size() < static_cast<size_t>(pool_->size() * (n_ctx + hd))) att_.resize(static_cast<size_t>(pool_->size() * (n_ctx + hd)));
+  if (att_.size() < static_cast<size_t>(pool_->size() * (n_ctx + hd)))
+    att_.resize(static_cast<size_t>(pool_->size() * (n_ctx + hd)));
   pool_->ParallelFor(n * c.n_head, [&](int64_t b, int64_t e, int th) {
     float* scores = att_.data() + th * (n_ctx + hd);
     float* acc = scores + n_ctx;
@@ -515,16 +546,20 @@ void Model::RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa) {
 // Validates a batch before anything is touched. Messages name the sequence when there are
 // several; a batch of one (Forward) gets Forward's messages.
 Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
-  if (vocab_only_) return InvalidArgument("[model] loaded vocabulary only (LoadOptions::vocab_only): no weights to run");
+  if (vocab_only_)
+    return InvalidArgument("[model] loaded vocabulary only (LoadOptions::vocab_only): no weights to run");
   if (seqs.empty()) return InvalidArgument("[model] ForwardBatch called with no sequences");
   const bool many = seqs.size() > 1;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const BatchSeq& s = seqs[i];
     // Built only on failure: validation of a good batch allocates nothing.
-    auto which = [&] { return many ? " (sequence " + std::to_string(i) + " of " + std::to_string(seqs.size()) + ")" : std::string(); };
+    auto which = [&] {
+      return many ? " (sequence " + std::to_string(i) + " of " + std::to_string(seqs.size()) + ")" : std::string();
+    };
     if (s.kv == nullptr) return InvalidArgument("[model] ForwardBatch: null KV cache" + which());
     if (s.n <= 0) {
-      return InvalidArgument(many ? "[model] ForwardBatch: " + std::to_string(s.n) + " tokens" + which() + ", expected at least 1"
+      return InvalidArgument(many ? "[model] ForwardBatch: " + std::to_string(s.n) + " tokens" + which() +
+                                        ", expected at least 1"
                                   : std::string("[model] Forward called with no tokens"));
     }
     if (s.tokens == nullptr) return InvalidArgument("[model] ForwardBatch: null tokens" + which());
@@ -539,9 +574,10 @@ Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
                         std::to_string(s.kv->n_ctx) + which());
     }
     if (static_cast<int64_t>(s.kv->k.size()) != cfg_.n_layer || s.kv->kv_dim != cfg_.n_head_kv * cfg_.head_dim) {
-      return InvalidArgument("[model] KV cache" + which() + " was not made for this model: " + std::to_string(s.kv->k.size()) +
-                             " layers of " + std::to_string(s.kv->kv_dim) + ", expected " + std::to_string(cfg_.n_layer) +
-                             " of " + std::to_string(cfg_.n_head_kv * cfg_.head_dim));
+      return InvalidArgument("[model] KV cache" + which() +
+                             " was not made for this model: " + std::to_string(s.kv->k.size()) + " layers of " +
+                             std::to_string(s.kv->kv_dim) + ", expected " + std::to_string(cfg_.n_layer) + " of " +
+                             std::to_string(cfg_.n_head_kv * cfg_.head_dim));
     }
     for (int64_t t = 0; t < s.n; ++t) {
       if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.n_vocab) {
@@ -600,7 +636,8 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
         } else {
           DequantizeWeightRow(w_.tok_embd, s.tokens[t], xr);
         }
-        if (c.embed_scale != 1.0f) for (int64_t i = 0; i < d; ++i) xr[i] *= c.embed_scale;
+        if (c.embed_scale != 1.0f)
+          for (int64_t i = 0; i < d; ++i) xr[i] *= c.embed_scale;
       }
     }
   }
@@ -608,7 +645,8 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = w_.layers[l];
-    for (int64_t t = 0; t < n; ++t) ref::RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, c.rms_eps, h_.data() + t * d);
+    for (int64_t t = 0; t < n; ++t)
+      ref::RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, c.rms_eps, h_.data() + t * d);
     if (ref_path_) {
       Matmul(L.wq, h_.data(), n, q_.data());
       Matmul(L.wk, h_.data(), n, k_.data());
@@ -626,11 +664,15 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       const int64_t pos = row_pos_[t];
       if (c.qkv_bias) {
         for (int64_t i = 0; i < q_dim; ++i) qr[i] += L.bq[i];
-        for (int64_t i = 0; i < kv_dim; ++i) { kr[i] += L.bk[i]; vr[i] += L.bv[i]; }
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          kr[i] += L.bk[i];
+          vr[i] += L.bv[i];
+        }
       }
       if (c.qk_norm) {
         for (int64_t h = 0; h < c.n_head; ++h) ref::RmsNorm(qr + h * hd, L.q_norm.data(), hd, c.rms_eps, qr + h * hd);
-        for (int64_t h = 0; h < c.n_head_kv; ++h) ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
+        for (int64_t h = 0; h < c.n_head_kv; ++h)
+          ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
       }
       if (ref_path_) {
         for (int64_t h = 0; h < c.n_head; ++h) ref::Rope(qr + h * hd, hd, pos, base, c.rope_neox);
@@ -642,7 +684,10 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       KvCache& kv = *row_kv_[t];
       uint16_t* kc = kv.k[l].data() + pos * kv_dim;
       uint16_t* vc = kv.v[l].data() + pos * kv_dim;
-      for (int64_t i = 0; i < kv_dim; ++i) { kc[i] = F32ToBf16(kr[i]); vc[i] = F32ToBf16(vr[i]); }
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        kc[i] = F32ToBf16(kr[i]);
+        vc[i] = F32ToBf16(vr[i]);
+      }
     }
     if (ref_path_) {
       AttentionRef(l, n, q_.data(), h_.data());

@@ -23,7 +23,10 @@
 #include "model/tokenizer.h"
 
 namespace mr {
-namespace gguf { class GgufFile; struct TensorInfo; }
+namespace gguf {
+class GgufFile;
+struct TensorInfo;
+}  // namespace gguf
 
 enum class Arch { kLlama, kQwen2, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
@@ -40,33 +43,33 @@ struct ModelConfig {
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   float rms_eps = 1e-5f;
-  float rope_base = 10000.0f;        // global layers
-  float rope_base_swa = 10000.0f;    // sliding-window layers (gemma3)
-  bool rope_neox = false;            // rotate (i, i+d/2) pairs instead of (2i, 2i+1)
-  int64_t sliding_window = 0;        // 0: none
-  std::vector<bool> layer_is_swa;    // per layer
-  float attn_scale = 0.0f;           // multiplies q·k
-  float embed_scale = 1.0f;          // gemma3: sqrt(d_model)
-  bool qkv_bias = false;             // qwen2
-  bool qk_norm = false;              // gemma3: RMSNorm over each q/k head
-  bool post_norms = false;           // gemma3: norms after attention and FFN outputs
+  float rope_base = 10000.0f;      // global layers
+  float rope_base_swa = 10000.0f;  // sliding-window layers (gemma3)
+  bool rope_neox = false;          // rotate (i, i+d/2) pairs instead of (2i, 2i+1)
+  int64_t sliding_window = 0;      // 0: none
+  std::vector<bool> layer_is_swa;  // per layer
+  float attn_scale = 0.0f;         // multiplies q·k
+  float embed_scale = 1.0f;        // gemma3: sqrt(d_model)
+  bool qkv_bias = false;           // qwen2
+  bool qk_norm = false;            // gemma3: RMSNorm over each q/k head
+  bool post_norms = false;         // gemma3: norms after attention and FFN outputs
   Activation act = Activation::kSilu;
   bool tied_embeddings = false;
 };
 
 struct LayerWeights {
-  std::vector<float> attn_norm, ffn_norm;        // (d_model)
+  std::vector<float> attn_norm, ffn_norm;            // (d_model)
   std::vector<float> post_attn_norm, post_ffn_norm;  // gemma3 (d_model)
-  std::vector<float> q_norm, k_norm;             // gemma3 (head_dim)
-  std::vector<float> bq, bk, bv;                 // qwen2 biases
-  WeightMatrix wq, wk, wv, wo;                   // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
-  WeightMatrix w_gate, w_up, w_down;             // (ff, d) (ff, d) (d, ff); gate and up share a format
+  std::vector<float> q_norm, k_norm;                 // gemma3 (head_dim)
+  std::vector<float> bq, bk, bv;                     // qwen2 biases
+  WeightMatrix wq, wk, wv, wo;                       // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
+  WeightMatrix w_gate, w_up, w_down;                 // (ff, d) (ff, d) (d, ff); gate and up share a format
 };
 
 struct ModelWeights {
   WeightMatrix tok_embd;  // (n_vocab, d_model); rows are dequantized on lookup
   std::vector<float> output_norm;
-  WeightMatrix output;    // (n_vocab, d_model); empty when tied (tok_embd is used)
+  WeightMatrix output;  // (n_vocab, d_model); empty when tied (tok_embd is used)
   std::vector<LayerWeights> layers;
 };
 
@@ -77,7 +80,10 @@ class KvBuffer {
  public:
   KvBuffer() = default;
   explicit KvBuffer(size_t n);  // n uint16_t, zero; throws std::bad_alloc as operator new would
-  KvBuffer(KvBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  KvBuffer(KvBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   KvBuffer& operator=(KvBuffer&& o) noexcept;
   KvBuffer(const KvBuffer&) = delete;
   KvBuffer& operator=(const KvBuffer&) = delete;
@@ -136,7 +142,7 @@ void SetDefaultReferencePath(bool ref);
 const char* WeightModeName(WeightMode m);  // "native" or "q8g64"
 
 struct LoadOptions {
-  int n_threads = 0;      // 0: ThreadPool::DefaultThreads()
+  int n_threads = 0;  // 0: ThreadPool::DefaultThreads()
   // Reference path (MERERUN_PATH=ref sets it): FP32 activations against the GGUF weights
   // dequantized from their stored type, no Q8/g64 conversion in the loop. Slow; the oracle.
   bool ref_path = false;
@@ -212,14 +218,13 @@ class Model {
   QActs qa_;
   const float* qa_src_ = nullptr;
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
-  std::vector<KvCache*> row_kv_;   // (rows) the cache of each row of the batch
-  std::vector<int64_t> row_pos_;   // (rows) its position in that cache
+  std::vector<KvCache*> row_kv_;                          // (rows) the cache of each row of the batch
+  std::vector<int64_t> row_pos_;                          // (rows) its position in that cache
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
   std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
-  bool native_weights_ = true;  // LoadOptions::weights == kNative
+  bool native_weights_ = true;                                               // LoadOptions::weights == kNative
   int64_t n_native_ = 0;  // > 0: QuantizeInput also fills the activation sums the K-quant kernels read
-
 };
 
 // Architecture hyperparameter readers (one file each).
@@ -231,8 +236,8 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
 // Checked metadata readers for the architecture files (arch_common.cpp). A missing key takes
 // `def` (an error when there is none); a value of another type or out of range is an error
 // naming the key. Floats must be finite (as a float) and in (0, hi].
-Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, int64_t hi,
-                  std::optional<int64_t> def, int64_t* out);
+Status ReadIntKey(const gguf::GgufFile& f, const std::string& key, int64_t lo, int64_t hi, std::optional<int64_t> def,
+                  int64_t* out);
 Status ReadPositiveFloatKey(const gguf::GgufFile& f, const std::string& key, double def, double hi, float* out);
 // Bound on context_length and sliding_window (16M positions; released models use <= 1M).
 inline constexpr int64_t kMaxContextLength = int64_t{1} << 24;

@@ -2,29 +2,32 @@
 // architecture, checking properties that fail when the plumbing is wrong: incremental decoding
 // with the KV cache equals a batched forward, the fast path tracks the FP32 reference path, and
 // gemma3's sliding window hides tokens beyond its receptive field.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <new>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <new>
 #include <random>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "base/half.h"
 #include "model/gguf_writer.h"
-#include "model/model.h"
 
 namespace mr {
 namespace {
 
 std::atomic<int64_t> g_allocs{0};
-int64_t AllocCount() { return g_allocs.load(std::memory_order_relaxed); }
+int64_t AllocCount() {
+  return g_allocs.load(std::memory_order_relaxed);
+}
 
 constexpr uint32_t kF32 = 0;
 
@@ -139,7 +142,9 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
       const bool q6 = name.find("attn_v") != std::string::npos || name.find("ffn_down") != std::string::npos ||
                       name == "output.weight";
       const int64_t blocks = rows * cols / 256;
-      ASSERT_TRUE(w.AddTensor(name, q6 ? kQ6_K : kQ4_K, {cols, rows}, q6 ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma)).ok());
+      ASSERT_TRUE(w.AddTensor(name, q6 ? kQ6_K : kQ4_K, {cols, rows},
+                              q6 ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma))
+                      .ok());
       return;
     }
     add(name, {cols, rows}, RandomF32Bytes(rows * cols, rng, sigma));
@@ -147,7 +152,10 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   auto vec = [&](const std::string& name, int64_t n, float around) {
     std::normal_distribution<float> dist(around, 0.1f);
     std::vector<uint8_t> b(n * 4);
-    for (int64_t i = 0; i < n; ++i) { float v = dist(rng); std::memcpy(b.data() + i * 4, &v, 4); }
+    for (int64_t i = 0; i < n; ++i) {
+      float v = dist(rng);
+      std::memcpy(b.data() + i * 4, &v, 4);
+    }
     add(name, {n}, std::move(b));
   };
   mat("token_embd.weight", s.vocab, d);
@@ -176,8 +184,9 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
       vec(p + "post_ffw_norm.weight", d, 1.0f);
     }
   }
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mererun_tiny_" + a + "_" + std::to_string(seed) + "_" + std::to_string(getpid()) + ".gguf")).string();
+  const std::string path = (std::filesystem::temp_directory_path() / ("mererun_tiny_" + a + "_" + std::to_string(seed) +
+                                                                      "_" + std::to_string(getpid()) + ".gguf"))
+                               .string();
   EXPECT_TRUE(w.WriteFile(path).ok());
   return path;
 }
@@ -246,7 +255,10 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   ASSERT_TRUE(fast->Forward(k1, toks.data(), n, true, a.data()).ok());
   ASSERT_TRUE(ref->Forward(k2, toks.data(), n, true, b.data()).ok());
   double err = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) { err += (a[i] - b[i]) * (a[i] - b[i]); norm += b[i] * b[i]; }
+  for (size_t i = 0; i < a.size(); ++i) {
+    err += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
   // int8 activations with per-group scales on Q8/g64 weights: relative error ~2-3% on these
   // random models (2.2-2.4% with 32-wide activation groups), far below what a wrong kernel or
   // layout gives (~100%).
@@ -283,7 +295,10 @@ TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
   const std::vector<float> a = run(*native), b = run(*q8), r = run(*ref);
   auto rel = [&](const std::vector<float>& x) {
     double err = 0, norm = 0;
-    for (size_t i = 0; i < x.size(); ++i) { err += (x[i] - r[i]) * (x[i] - r[i]); norm += r[i] * r[i]; }
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += (x[i] - r[i]) * (x[i] - r[i]);
+      norm += r[i] * r[i];
+    }
     return std::sqrt(err / norm);
   };
   // Native weights leave only the activation rounding: at most the Q8/g64 path's error.
@@ -400,7 +415,8 @@ std::vector<uint8_t> Q8_0Bytes(const std::vector<float>& f) {
     const uint16_t h = F32ToF16(scale);
     b.push_back(static_cast<uint8_t>(h));
     b.push_back(static_cast<uint8_t>(h >> 8));
-    for (size_t i = 0; i < 32; ++i) b.push_back(static_cast<uint8_t>(static_cast<int8_t>(scale > 0 ? std::lround(f[k + i] / scale) : 0)));
+    for (size_t i = 0; i < 32; ++i)
+      b.push_back(static_cast<uint8_t>(static_cast<int8_t>(scale > 0 ? std::lround(f[k + i] / scale) : 0)));
   }
   return b;
 }
@@ -417,7 +433,8 @@ std::vector<MalformedCase> MalformedCases() {
                "'qwen2.attention.head_count_kv'"});
   c.push_back({"HeadCountKvNotADivisor", "llama", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 3); }),
                "'llama.attention.head_count_kv'"});
-  c.push_back({"HeadCountKvAboveHeadCount", "llama", Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 8); }),
+  c.push_back({"HeadCountKvAboveHeadCount", "llama",
+               Meta([](W& w, A a) { w.SetU32(a + ".attention.head_count_kv", 8); }),
                "'llama.attention.head_count_kv'"});
   c.push_back({"HeadCountKvNegative", "llama", Meta([](W& w, A a) { w.SetI32(a + ".attention.head_count_kv", -2); }),
                "'llama.attention.head_count_kv'"});
@@ -425,22 +442,19 @@ std::vector<MalformedCase> MalformedCases() {
                "'llama.block_count'"});
   c.push_back({"BlockCountAboveLimit", "gemma3", Meta([](W& w, A a) { w.SetU32(a + ".block_count", 5000); }),
                "'gemma3.block_count'"});
-  c.push_back({"EmbeddingNotDivisibleByHeads", "llama",
-               Meta([](W& w, A a) {
+  c.push_back({"EmbeddingNotDivisibleByHeads", "llama", Meta([](W& w, A a) {
                  w.RemoveKey(a + ".attention.key_length");
                  w.RemoveKey(a + ".attention.value_length");
                  w.SetU32(a + ".attention.head_count", 3);
                  w.SetU32(a + ".attention.head_count_kv", 3);
                }),
                "'llama.embedding_length'"});
-  c.push_back({"KeyLengthZero", "llama",
-               Meta([](W& w, A a) {
+  c.push_back({"KeyLengthZero", "llama", Meta([](W& w, A a) {
                  w.SetU32(a + ".attention.key_length", 0);
                  w.SetU32(a + ".attention.value_length", 0);
                }),
                "'llama.attention.key_length'"});
-  c.push_back({"KeyLengthOdd", "qwen2",
-               Meta([](W& w, A a) {
+  c.push_back({"KeyLengthOdd", "qwen2", Meta([](W& w, A a) {
                  w.SetU32(a + ".attention.key_length", 33);
                  w.SetU32(a + ".attention.value_length", 33);
                }),
@@ -457,11 +471,14 @@ std::vector<MalformedCase> MalformedCases() {
                "'llama.rope.freq_base'"});
   c.push_back({"RopeFreqBaseInfGemma3", "gemma3", Meta([inf](W& w, A a) { w.SetF64(a + ".rope.freq_base", inf); }),
                "'gemma3.rope.freq_base'"});
-  c.push_back({"RmsEpsilonInf", "llama", Meta([inf](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", inf); }),
+  c.push_back({"RmsEpsilonInf", "llama",
+               Meta([inf](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", inf); }),
                "'llama.attention.layer_norm_rms_epsilon'"});
-  c.push_back({"RmsEpsilonZero", "gemma3", Meta([](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", 0.0f); }),
+  c.push_back({"RmsEpsilonZero", "gemma3",
+               Meta([](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", 0.0f); }),
                "'gemma3.attention.layer_norm_rms_epsilon'"});
-  c.push_back({"SlidingWindowNegative", "gemma3", Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
+  c.push_back({"SlidingWindowNegative", "gemma3",
+               Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
                "'gemma3.attention.sliding_window'"});
   c.push_back({"SamplingTemperatureNan", "qwen2", Meta([nan](W& w, A) { w.SetF32("general.sampling.temp", nan); }),
                "'general.sampling.temp'"});
@@ -510,7 +527,9 @@ std::vector<MalformedCase> MalformedCases() {
   return c;
 }
 
-void PrintTo(const MalformedCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const MalformedCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class MalformedModelTest : public ::testing::TestWithParam<MalformedCase> {};
 
@@ -574,23 +593,24 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   s.sliding_window = 3;
   const std::string path = WriteTinyModel(s, 5);
   for (bool ref : {true, false}) {
-  SCOPED_TRACE(ref ? "reference path" : "fast path");
-  auto m = LoadTiny(path, ref);
-  ASSERT_TRUE(m);
-  std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8};
-  std::vector<TokenId> b = a;
-  b[0] = 40;  // differs only at position 0
-  const int64_t n = static_cast<int64_t>(a.size()), V = s.vocab;
-  KvCache ka = m->NewKvCache(n), kb = m->NewKvCache(n);
-  std::vector<float> la(n * V), lb(n * V);
-  ASSERT_TRUE(m->Forward(ka, a.data(), n, true, la.data()).ok());
-  ASSERT_TRUE(m->Forward(kb, b.data(), n, true, lb.data()).ok());
-  auto row_diff = [&](int64_t p) {
-    std::vector<float> ra(la.begin() + p * V, la.begin() + (p + 1) * V), rb(lb.begin() + p * V, lb.begin() + (p + 1) * V);
-    return MaxAbsDiff(ra, rb);
-  };
-  EXPECT_GT(row_diff(4), 1e-4) << "position 4 is within reach of position 0";
-  for (int64_t p = 5; p < n; ++p) EXPECT_EQ(row_diff(p), 0.0) << "position " << p << " must not see position 0";
+    SCOPED_TRACE(ref ? "reference path" : "fast path");
+    auto m = LoadTiny(path, ref);
+    ASSERT_TRUE(m);
+    std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8};
+    std::vector<TokenId> b = a;
+    b[0] = 40;  // differs only at position 0
+    const int64_t n = static_cast<int64_t>(a.size()), V = s.vocab;
+    KvCache ka = m->NewKvCache(n), kb = m->NewKvCache(n);
+    std::vector<float> la(n * V), lb(n * V);
+    ASSERT_TRUE(m->Forward(ka, a.data(), n, true, la.data()).ok());
+    ASSERT_TRUE(m->Forward(kb, b.data(), n, true, lb.data()).ok());
+    auto row_diff = [&](int64_t p) {
+      std::vector<float> ra(la.begin() + p * V, la.begin() + (p + 1) * V),
+          rb(lb.begin() + p * V, lb.begin() + (p + 1) * V);
+      return MaxAbsDiff(ra, rb);
+    };
+    EXPECT_GT(row_diff(4), 1e-4) << "position 4 is within reach of position 0";
+    for (int64_t p = 5; p < n; ++p) EXPECT_EQ(row_diff(p), 0.0) << "position " << p << " must not see position 0";
   }
   std::filesystem::remove(path);
 }
@@ -621,12 +641,15 @@ TEST_P(TinyArchTest, ForwardBatchEqualsForwardPerSequence) {
     auto m = LoadTiny(path, ref);
     ASSERT_TRUE(m);
     const int64_t V = s.vocab;
-    struct Case { std::vector<TokenId> prefix, toks; bool all_logits; };
+    struct Case {
+      std::vector<TokenId> prefix, toks;
+      bool all_logits;
+    };
     const std::vector<Case> cases = {
-        {{}, {4, 8, 15, 16, 23}, true},                   // prefill chunk from position 0
-        {{1, 2, 3}, {42}, false},                         // decode
-        {{9, 9, 8, 7, 6, 5, 4}, {11, 12, 13}, false},     // chunk, last row only
-        {{60, 1, 30, 2, 50, 3, 40, 4, 33, 5}, {7}, true}, // decode, all_logits
+        {{}, {4, 8, 15, 16, 23}, true},                    // prefill chunk from position 0
+        {{1, 2, 3}, {42}, false},                          // decode
+        {{9, 9, 8, 7, 6, 5, 4}, {11, 12, 13}, false},      // chunk, last row only
+        {{60, 1, 30, 2, 50, 3, 40, 4, 33, 5}, {7}, true},  // decode, all_logits
     };
     std::vector<KvCache> solo, batch;
     std::vector<float> expect, scratch(16 * V);
@@ -644,7 +667,8 @@ TEST_P(TinyArchTest, ForwardBatchEqualsForwardPerSequence) {
     }
     std::vector<Model::BatchSeq> seqs;
     for (size_t i = 0; i < cases.size(); ++i) {
-      seqs.push_back({&batch[i], cases[i].toks.data(), static_cast<int64_t>(cases[i].toks.size()), cases[i].all_logits});
+      seqs.push_back(
+          {&batch[i], cases[i].toks.data(), static_cast<int64_t>(cases[i].toks.size()), cases[i].all_logits});
     }
     std::vector<float> got(expect.size(), -1.0f);
     ASSERT_TRUE(m->ForwardBatch(seqs, got.data()).ok());
@@ -684,13 +708,21 @@ TEST_P(TinyArchTest, ForwardBatchErrorsLeaveCachesUnchanged) {
   const auto ka = KvRows(a), kb = KvRows(b);
   const TokenId bad = static_cast<TokenId>(s.vocab), neg = -1;
   using S = Model::BatchSeq;
-  struct Bad { const char* what; std::vector<S> seqs; const char* needle; };
+  struct Bad {
+    const char* what;
+    std::vector<S> seqs;
+    const char* needle;
+  };
   const std::vector<Bad> bads = {
       {"empty batch", {}, "no sequences"},
       {"null cache", {{&a, toks.data(), 1, false}, {nullptr, toks.data(), 1, false}}, "null KV cache"},
       {"no tokens", {{&a, toks.data(), 1, false}, {&b, toks.data(), 0, false}}, "at least 1"},
-      {"shared cache", {{&a, toks.data(), 1, false}, {&b, toks.data(), 1, false}, {&a, toks.data(), 1, false}}, "share a KV cache"},
-      {"overflow", {{&a, toks.data(), 2, true}, {&b, toks.data(), 3, false}}, "context overflow: 9 positions > 8 (sequence 1 of 2)"},
+      {"shared cache",
+       {{&a, toks.data(), 1, false}, {&b, toks.data(), 1, false}, {&a, toks.data(), 1, false}},
+       "share a KV cache"},
+      {"overflow",
+       {{&a, toks.data(), 2, true}, {&b, toks.data(), 3, false}},
+       "context overflow: 9 positions > 8 (sequence 1 of 2)"},
       {"token too big", {{&a, toks.data(), 1, false}, {&b, &bad, 1, false}}, "out of range"},
       {"negative token", {{&a, &neg, 1, false}}, "out of range"},
   };
@@ -769,8 +801,8 @@ TEST_P(TinyArchTest, SteadyDecodeDoesNotAllocate) {
   std::vector<TokenId> toks = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
   std::vector<float> logits(8 * s.vocab);
   ASSERT_TRUE(m->Forward(kv, toks.data(), 12, false, logits.data()).ok());
-  ASSERT_TRUE(m->Forward(kv, toks.data(), 1, false, logits.data()).ok());    // warm-up: 1 row
-  ASSERT_TRUE(m->Forward(kv, toks.data(), 8, true, logits.data()).ok());     // warm-up: 8 rows
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 1, false, logits.data()).ok());  // warm-up: 1 row
+  ASSERT_TRUE(m->Forward(kv, toks.data(), 8, true, logits.data()).ok());   // warm-up: 8 rows
   kv.n_past -= 8;
   const int64_t before = AllocCount();
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(m->Forward(kv, &toks[i], 1, false, logits.data()).ok());
@@ -815,7 +847,15 @@ void* operator new[](size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}

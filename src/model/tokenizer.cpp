@@ -1,6 +1,8 @@
 // Vocabulary loading, special-token handling and detokenization shared by both tokenizers.
 // Reference: llama.cpp src/llama-vocab.cpp (llama_vocab::impl::load, tokenizer_st_partition,
 // tokenize, token_to_piece, detokenize).
+#include "model/tokenizer.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <initializer_list>
 
 #include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "model/tokenizer_internal.h"
 #include "model/unicode.h"
 
@@ -27,13 +28,20 @@ bool OneOf(const std::string& s, std::initializer_list<const char*> list) {
 // tokenizer.ggml.token_type values (llama_token_type) -> attribute bits.
 uint16_t AttrFromType(int64_t type) {
   switch (type) {
-    case 1: return kAttrNormal;
-    case 2: return kAttrUnknown;
-    case 3: return kAttrControl;
-    case 4: return kAttrUserDefined;
-    case 5: return kAttrUnused;
-    case 6: return kAttrByte;
-    default: return 0;  // undefined
+    case 1:
+      return kAttrNormal;
+    case 2:
+      return kAttrUnknown;
+    case 3:
+      return kAttrControl;
+    case 4:
+      return kAttrUserDefined;
+    case 5:
+      return kAttrUnused;
+    case 6:
+      return kAttrByte;
+    default:
+      return 0;  // undefined
   }
 }
 
@@ -80,7 +88,9 @@ bool IsByteTokenText(const std::string& s) {
          std::isxdigit(static_cast<unsigned char>(s[4])) && s[5] == '>';
 }
 
-void AddControl(Vocab* v, TokenId id) { v->tokens[id].attr |= kAttrControl; }
+void AddControl(Vocab* v, TokenId id) {
+  v->tokens[id].attr |= kAttrControl;
+}
 
 // Finds ids by token text for the roles llama.cpp detects by name, then builds the
 // end-of-generation set. llama.cpp walks its unordered_map, so when several names of one role
@@ -92,20 +102,33 @@ void DetectSpecialByName(Vocab* v) {
     std::initializer_list<const char*> names;
   };
   const Role roles[] = {
-      {&v->eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                 "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                 "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>",
-                 "<end_of_utterance>"}},
+      {&v->eot,
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+        "[EOT]",
+        "<\xef\xbd\x9c"
+        "end\xe2\x96\x81"
+        "of\xe2\x96\x81"
+        "sentence\xef\xbd\x9c>",
+        "<end_of_utterance>"}},
       {&v->eom, {"<|eom_id|>"}},
-      {&v->fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
-                     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
-                     "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"}},
-      {&v->fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-                     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>",
-                     "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"}},
-      {&v->fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-                     "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>",
-                     "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"}},
+      {&v->fim_pre,
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+        "<\xef\xbd\x9c"
+        "fim\xe2\x96\x81"
+        "begin\xef\xbd\x9c>",
+        "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"}},
+      {&v->fim_suf,
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+        "<\xef\xbd\x9c"
+        "fim\xe2\x96\x81"
+        "hole\xef\xbd\x9c>",
+        "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"}},
+      {&v->fim_mid,
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+        "<\xef\xbd\x9c"
+        "fim\xe2\x96\x81"
+        "end\xef\xbd\x9c>",
+        "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"}},
       {&v->fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
       {&v->fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
       {&v->fim_sep, {"<|file_sep|>"}},
@@ -134,12 +157,31 @@ void DetectSpecialByName(Vocab* v) {
   for (TokenId id : {v->fim_pad, v->fim_rep, v->fim_sep}) {
     if (id != -1) v->eog.insert(id);
   }
-  for (const char* name :
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
-        "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
-        "<|tool_response>",
-        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "[e~["}) {
+  for (const char* name : {"<|eot_id|>",
+                           "<|im_end|>",
+                           "<|end|>",
+                           "<|return|>",
+                           "<|call|>",
+                           "<|flush|>",
+                           "<|calls|>",
+                           "<end_of_turn>",
+                           "<|endoftext|>",
+                           "</s>",
+                           "<|eom_id|>",
+                           "<EOT>",
+                           "_<EOT>",
+                           "[EOT]",
+                           "[EOS]",
+                           "<|end_of_text|>",
+                           "<end_of_utterance>",
+                           "<eos>",
+                           "<turn|>",
+                           "<|tool_response>",
+                           "<\xef\xbd\x9c"
+                           "end\xe2\x96\x81"
+                           "of\xe2\x96\x81"
+                           "sentence\xef\xbd\x9c>",
+                           "[e~["}) {
     if (const TokenId id = v->Find(name); id != -1) {
       v->eog.insert(id);
       AddControl(v, id);
@@ -227,8 +269,8 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
     v->bos = 11, v->eos = 11;
     MR_RETURN_IF_ERROR(ApplyBpePre(v.get()));
   } else {
-    return Unsupported("[tokenizer] unsupported tokenizer model 'tokenizer.ggml.model' = '" +
-                       v->model + "' (supported: gpt2, llama)");
+    return Unsupported("[tokenizer] unsupported tokenizer model 'tokenizer.ggml.model' = '" + v->model +
+                       "' (supported: gpt2, llama)");
   }
   if (auto b = file.GetBool("tokenizer.ggml.add_space_prefix")) v->add_space_prefix = *b;
 
@@ -250,8 +292,8 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
   }
   const std::vector<int64_t>* types = file.GetIntArray("tokenizer.ggml.token_type");
   if (types != nullptr && types->size() < n) {
-    return InvalidArgument("[tokenizer] 'tokenizer.ggml.token_type' has " +
-                           std::to_string(types->size()) + " entries, expected " + std::to_string(n));
+    return InvalidArgument("[tokenizer] 'tokenizer.ggml.token_type' has " + std::to_string(types->size()) +
+                           " entries, expected " + std::to_string(n));
   }
 
   v->tokens.resize(n);
@@ -280,14 +322,14 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
     TokenId* id;
   };
   const IdKey keys[] = {
-      {"tokenizer.ggml.bos_token_id", &v->bos},          {"tokenizer.ggml.eos_token_id", &v->eos},
-      {"tokenizer.ggml.eot_token_id", &v->eot},          {"tokenizer.ggml.eom_token_id", &v->eom},
-      {"tokenizer.ggml.unknown_token_id", &v->unk},      {"tokenizer.ggml.seperator_token_id", &v->sep},
-      {"tokenizer.ggml.padding_token_id", &v->pad},      {"tokenizer.ggml.mask_token_id", &v->mask},
-      {"tokenizer.ggml.fim_pre_token_id", &v->fim_pre},  {"tokenizer.ggml.fim_suf_token_id", &v->fim_suf},
-      {"tokenizer.ggml.fim_mid_token_id", &v->fim_mid},  {"tokenizer.ggml.fim_pad_token_id", &v->fim_pad},
-      {"tokenizer.ggml.fim_rep_token_id", &v->fim_rep},  {"tokenizer.ggml.fim_sep_token_id", &v->fim_sep},
-      {"tokenizer.ggml.prefix_token_id", &v->fim_pre},   {"tokenizer.ggml.suffix_token_id", &v->fim_suf},
+      {"tokenizer.ggml.bos_token_id", &v->bos},         {"tokenizer.ggml.eos_token_id", &v->eos},
+      {"tokenizer.ggml.eot_token_id", &v->eot},         {"tokenizer.ggml.eom_token_id", &v->eom},
+      {"tokenizer.ggml.unknown_token_id", &v->unk},     {"tokenizer.ggml.seperator_token_id", &v->sep},
+      {"tokenizer.ggml.padding_token_id", &v->pad},     {"tokenizer.ggml.mask_token_id", &v->mask},
+      {"tokenizer.ggml.fim_pre_token_id", &v->fim_pre}, {"tokenizer.ggml.fim_suf_token_id", &v->fim_suf},
+      {"tokenizer.ggml.fim_mid_token_id", &v->fim_mid}, {"tokenizer.ggml.fim_pad_token_id", &v->fim_pad},
+      {"tokenizer.ggml.fim_rep_token_id", &v->fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &v->fim_sep},
+      {"tokenizer.ggml.prefix_token_id", &v->fim_pre},  {"tokenizer.ggml.suffix_token_id", &v->fim_suf},
       {"tokenizer.ggml.middle_token_id", &v->fim_mid},
   };
   for (const IdKey& k : keys) {
@@ -314,9 +356,10 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
     if (t.attr & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_bytes += t.text.size();
   }
   if (special_bytes > kMaxSpecialBytes) {
-    return InvalidArgument("[tokenizer] control, user-defined and unknown tokens ('tokenizer.ggml.token_type' 2, 3, 4) "
-                           "have " + std::to_string(special_bytes) + " bytes of text, expected at most " +
-                           std::to_string(kMaxSpecialBytes));
+    return InvalidArgument(
+        "[tokenizer] control, user-defined and unknown tokens ('tokenizer.ggml.token_type' 2, 3, 4) "
+        "have " +
+        std::to_string(special_bytes) + " bytes of text, expected at most " + std::to_string(kMaxSpecialBytes));
   }
   BuildSpecialIndex(v.get());
   return v;
@@ -326,15 +369,15 @@ namespace {
 
 // Whether [begin, end) overlaps any of the sorted, disjoint spans.
 bool OverlapsAny(const std::vector<TextSpan>& spans, size_t begin, size_t end) {
-  auto it = std::upper_bound(spans.begin(), spans.end(), begin,
-                             [](size_t pos, const TextSpan& s) { return pos < s.end; });
+  auto it =
+      std::upper_bound(spans.begin(), spans.end(), begin, [](size_t pos, const TextSpan& s) { return pos < s.end; });
   return it != spans.end() && it->begin < end;
 }
 
 }  // namespace
 
-std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text,
-                                       bool parse_special, const std::vector<TextSpan>* literal) {
+std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text, bool parse_special,
+                                       const std::vector<TextSpan>* literal) {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
@@ -408,8 +451,7 @@ void TokenizerBase::BuildPieces() {
   }
 }
 
-std::vector<TokenId> TokenizerBase::Encode(std::string_view text, bool add_special,
-                                           bool parse_special) const {
+std::vector<TokenId> TokenizerBase::Encode(std::string_view text, bool add_special, bool parse_special) const {
   return EncodeFragments(text, add_special, parse_special, nullptr);
 }
 

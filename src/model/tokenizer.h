@@ -18,7 +18,9 @@
 #include "base/status.h"
 
 namespace mr {
-namespace gguf { class GgufFile; }
+namespace gguf {
+class GgufFile;
+}
 
 using TokenId = int32_t;
 
@@ -65,7 +67,7 @@ class Tokenizer {
   // including FIM pad/repo/file-separator tokens).
   virtual bool IsEndOfGeneration(TokenId id) const = 0;
   virtual TokenAttr attr(TokenId id) const = 0;
-  virtual const std::string& text(TokenId id) const = 0;  // raw vocab string
+  virtual const std::string& text(TokenId id) const = 0;        // raw vocab string
   virtual TokenId Find(std::string_view token_text) const = 0;  // -1 when absent
 };
 

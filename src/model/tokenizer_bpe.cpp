@@ -18,8 +18,7 @@ namespace {
 
 class BpeTokenizer final : public TokenizerBase {
  public:
-  BpeTokenizer(std::unique_ptr<Vocab> vocab, unicode::PreSplit split,
-               const std::vector<std::string>& merges)
+  BpeTokenizer(std::unique_ptr<Vocab> vocab, unicode::PreSplit split, const std::vector<std::string>& merges)
       : TokenizerBase(std::move(vocab)), split_(split) {
     const Vocab& v = this->vocab();
     id_ranks_.reserve(merges.size());
@@ -46,8 +45,7 @@ class BpeTokenizer final : public TokenizerBase {
   }
 
  protected:
-  void EncodeRaw(std::string_view text, bool /*after_special*/,
-                 std::vector<TokenId>* out) const override {
+  void EncodeRaw(std::string_view text, bool /*after_special*/, std::vector<TokenId>* out) const override {
     const std::vector<uint32_t> cpts = unicode::DecodeUtf8(text);
     const std::vector<size_t> lens = unicode::PreTokenize(split_, cpts);
     size_t start = 0;
@@ -136,8 +134,7 @@ class BpeTokenizer final : public TokenizerBase {
     for (size_t off = 0; off < word.size();) {
       const size_t len = std::min(word.size() - off, unicode::Utf8SeqLen(word[off]));
       const int32_t idx = static_cast<int32_t>(syms.size());
-      syms.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len,
-                      v.Find(w.substr(off, len))});
+      syms.push_back({idx - 1, off + len == word.size() ? -1 : idx + 1, off, len, v.Find(w.substr(off, len))});
       off += len;
     }
 
@@ -192,8 +189,7 @@ class BpeTokenizer final : public TokenizerBase {
 
 }  // namespace
 
-Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(std::unique_ptr<Vocab> vocab,
-                                                    const gguf::GgufFile& file) {
+Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(std::unique_ptr<Vocab> vocab, const gguf::GgufFile& file) {
   const std::string& pre = vocab->pre;
   unicode::PreSplit split = unicode::PreSplit::kGpt2;
   if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r") {

@@ -79,7 +79,7 @@ struct Vocab {
   // Trie over the texts of special_by_length, to find which of them occur in an input.
   struct TrieNode {
     std::vector<std::pair<uint8_t, int32_t>> next;  // sorted by byte
-    int32_t rank = -1;  // index into special_by_length of the token ending here
+    int32_t rank = -1;                              // index into special_by_length of the token ending here
   };
   std::vector<TrieNode> trie;
 
@@ -97,8 +97,8 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file);
 // fragment splits it, leftmost occurrences first. Control and unknown tokens only take part
 // when parse_special, and not where an occurrence overlaps one of `literal` (sorted, disjoint
 // byte spans of text; may be null); user-defined tokens always do.
-std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text,
-                                       bool parse_special, const std::vector<TextSpan>* literal = nullptr);
+std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text, bool parse_special,
+                                       const std::vector<TextSpan>* literal = nullptr);
 
 // The Tokenizer methods that do not depend on the algorithm.
 class TokenizerBase : public Tokenizer {
@@ -107,8 +107,7 @@ class TokenizerBase : public Tokenizer {
 
   std::vector<TokenId> EncodeFragments(std::string_view text, bool add_special, bool parse_special,
                                        const std::vector<TextSpan>* literal) const;
-  std::vector<TokenId> Encode(std::string_view text, bool add_special,
-                              bool parse_special) const override;
+  std::vector<TokenId> Encode(std::string_view text, bool add_special, bool parse_special) const override;
   std::vector<TokenId> EncodeTemplated(std::string_view text, bool add_special,
                                        const std::vector<TextSpan>& literal) const override;
   std::string TokenToPiece(TokenId id, bool render_special) const override;
@@ -127,8 +126,7 @@ class TokenizerBase : public Tokenizer {
  protected:
   // Appends the ids of one raw fragment. `after_special`: the fragment starts the input or
   // follows a special token (SentencePiece's space prefix goes there).
-  virtual void EncodeRaw(std::string_view text, bool after_special,
-                         std::vector<TokenId>* out) const = 0;
+  virtual void EncodeRaw(std::string_view text, bool after_special, std::vector<TokenId>* out) const = 0;
   // Output bytes of a normal token (its text decoded per the algorithm).
   virtual std::string NormalPiece(const std::string& token_text) const = 0;
   // Must be called by the subclass constructor once NormalPiece works.
@@ -138,8 +136,7 @@ class TokenizerBase : public Tokenizer {
   std::vector<std::string> pieces_;  // per id, with special tokens rendered
 };
 
-Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(std::unique_ptr<Vocab> vocab,
-                                                    const gguf::GgufFile& file);
+Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(std::unique_ptr<Vocab> vocab, const gguf::GgufFile& file);
 Result<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(std::unique_ptr<Vocab> vocab);
 
 }  // namespace mr::tokenizer_internal

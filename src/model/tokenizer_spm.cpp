@@ -33,14 +33,15 @@ class SpmTokenizer final : public TokenizerBase {
   }
 
  protected:
-  void EncodeRaw(std::string_view raw, bool after_special,
-                 std::vector<TokenId>* out) const override {
+  void EncodeRaw(std::string_view raw, bool after_special, std::vector<TokenId>* out) const override {
     std::string text;
     text.reserve(raw.size() + 8);
     if (vocab().add_space_prefix && after_special) text += kSpaceMarker;
     for (char c : raw) {
-      if (c == ' ') text += kSpaceMarker;
-      else text.push_back(c);
+      if (c == ' ')
+        text += kSpaceMarker;
+      else
+        text.push_back(c);
     }
     Session(text, out);
   }
@@ -136,8 +137,10 @@ class SpmTokenizer final : public TokenizerBase {
             // llama.cpp throws when a byte has no token; an unknown token is the closest
             // non-throwing equivalent (never happens with a complete <0xXX> set).
             const TokenId id = byte_tokens_[static_cast<uint8_t>(c)];
-            if (id != -1) out->push_back(id);
-            else if (v.unk != -1) out->push_back(v.unk);
+            if (id != -1)
+              out->push_back(id);
+            else if (v.unk != -1)
+              out->push_back(v.unk);
           }
           continue;
         }

@@ -1,13 +1,15 @@
 // Tokenizer tests. The fixtures in tests/fixtures/tokenizer/ hold llama.cpp's own ids for
 // ~2000 strings per tokenizer (tools/llamacpp/tokenize_fixture.mjs); every id must match. The
 // fixture tests skip when the model file is absent (see model/test_models.h).
+#include "model/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,7 +17,6 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/test_models.h"
-#include "model/tokenizer.h"
 #include "model/unicode.h"
 
 namespace mr {
@@ -46,11 +47,13 @@ std::string Show(const std::vector<TokenId>& ids) {
 }
 
 struct ModelCase {
-  const char* fixture;          // file in tests/fixtures/tokenizer/
+  const char* fixture;             // file in tests/fixtures/tokenizer/
   std::vector<const char*> names;  // catalog name first, then development aliases
 };
 
-std::ostream& operator<<(std::ostream& os, const ModelCase& m) { return os << m.names[0]; }
+std::ostream& operator<<(std::ostream& os, const ModelCase& m) {
+  return os << m.names[0];
+}
 
 // Model file, fixture and tokenizer of one model, loaded once for all its tests.
 struct Loaded {
@@ -115,14 +118,14 @@ TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
     (parse_special ? n_special : n_plain)++;
     if (got != want) {
       if (++mismatches <= 10) {
-        report += "\n  text=" + json(text).dump() + " parse_special=" + std::to_string(parse_special) +
-                  "\n    want " + Show(want) + "\n    got  " + Show(got);
+        report += "\n  text=" + json(text).dump() + " parse_special=" + std::to_string(parse_special) + "\n    want " +
+                  Show(want) + "\n    got  " + Show(got);
       }
     }
   }
   EXPECT_EQ(mismatches, 0u) << GetParam() << ": " << mismatches << " of " << cases.size()
-                            << " cases differ from llama.cpp (" << n_plain << " plain, "
-                            << n_special << " parse_special)" << report;
+                            << " cases differ from llama.cpp (" << n_plain << " plain, " << n_special
+                            << " parse_special)" << report;
 }
 
 TEST_P(TokenizerFixtureTest, DecodeMatchesLlamaCppAndRoundTrips) {
@@ -169,11 +172,16 @@ TEST_P(TokenizerFixtureTest, VocabularyPropertiesMatchLlamaCpp) {
     auto it = want_attrs.find(id);
     const int mask = it == want_attrs.end() ? 4 : it->second;
     TokenAttr expected = TokenAttr::kNormal;
-    if (mask == 0 || (mask & 2)) expected = TokenAttr::kUnused;
-    else if (mask & 8) expected = TokenAttr::kControl;
-    else if (mask & 16) expected = TokenAttr::kUserDefined;
-    else if (mask & 32) expected = TokenAttr::kByte;
-    else if (mask & 1) expected = TokenAttr::kUnknown;
+    if (mask == 0 || (mask & 2))
+      expected = TokenAttr::kUnused;
+    else if (mask & 8)
+      expected = TokenAttr::kControl;
+    else if (mask & 16)
+      expected = TokenAttr::kUserDefined;
+    else if (mask & 32)
+      expected = TokenAttr::kByte;
+    else if (mask & 1)
+      expected = TokenAttr::kUnknown;
     if (tok_->attr(id) != expected && ++attr_mismatches <= 5) {
       report += " id " + std::to_string(id) + " '" + tok_->text(id) + "' mask " + std::to_string(mask);
     }
@@ -208,11 +216,10 @@ TEST_P(TokenizerFixtureTest, ArbitraryBytesAreSafe) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, TokenizerFixtureTest,
-    ::testing::Values(
-        ModelCase{"SmolLM2-135M-Instruct.Q4_1.json", {"SmolLM2-135M-Instruct.Q4_1.gguf"}},
-        ModelCase{"gemma-3-270m-q4_k_m.json", {"gemma-3-270m-q4_k_m.gguf"}},
-        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}},
-        ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}}),
+    ::testing::Values(ModelCase{"SmolLM2-135M-Instruct.Q4_1.json", {"SmolLM2-135M-Instruct.Q4_1.gguf"}},
+                      ModelCase{"gemma-3-270m-q4_k_m.json", {"gemma-3-270m-q4_k_m.gguf"}},
+                      ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}},
+                      ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}}),
     [](const ::testing::TestParamInfo<ModelCase>& info) {
       std::string n = info.param.names[0];
       for (char& c : n) {
@@ -231,17 +238,17 @@ TEST(UnicodeTest, Categories) {
   EXPECT_EQ(CategoryOf(' '), kSeparator);
   EXPECT_EQ(CategoryOf('$'), kSymbol);
   EXPECT_EQ(CategoryOf('!'), kPunctuation);
-  EXPECT_EQ(CategoryOf(0x0301), kMark);         // combining acute
-  EXPECT_EQ(CategoryOf(0x0663), kNumber);       // Arabic-Indic three
-  EXPECT_EQ(CategoryOf(0x4e2d), kLetter);       // 中
-  EXPECT_EQ(CategoryOf(0x1f600), kSymbol);      // 😀
-  EXPECT_EQ(CategoryOf(0x200d), kControl);      // ZWJ (Cf)
-  EXPECT_EQ(CategoryOf(0x0378), kUndefined);    // unassigned
-  EXPECT_EQ(CategoryOf(0x2ffc), kSymbol);       // new in Unicode 15.1
+  EXPECT_EQ(CategoryOf(0x0301), kMark);       // combining acute
+  EXPECT_EQ(CategoryOf(0x0663), kNumber);     // Arabic-Indic three
+  EXPECT_EQ(CategoryOf(0x4e2d), kLetter);     // 中
+  EXPECT_EQ(CategoryOf(0x1f600), kSymbol);    // 😀
+  EXPECT_EQ(CategoryOf(0x200d), kControl);    // ZWJ (Cf)
+  EXPECT_EQ(CategoryOf(0x0378), kUndefined);  // unassigned
+  EXPECT_EQ(CategoryOf(0x2ffc), kSymbol);     // new in Unicode 15.1
   EXPECT_EQ(CategoryOf(0x110000), kUndefined);
   EXPECT_TRUE(IsWhitespace(0x3000));
   EXPECT_TRUE(IsWhitespace('\n'));
-  EXPECT_FALSE(IsWhitespace(0x200b));           // zero width space is not \s
+  EXPECT_FALSE(IsWhitespace(0x200b));  // zero width space is not \s
   EXPECT_STREQ(kUnicodeVersion, "15.1.0");
 }
 
@@ -260,7 +267,7 @@ TEST(UnicodeTest, ByteMappingIsABijection) {
     ASSERT_EQ(cpts.size(), 1u);
     EXPECT_EQ(unicode::UnicodeToByte(cpts[0]), b);
   }
-  EXPECT_EQ(unicode::ByteToUnicode(' '), "\xc4\xa0");  // Ġ
+  EXPECT_EQ(unicode::ByteToUnicode(' '), "\xc4\xa0");   // Ġ
   EXPECT_EQ(unicode::ByteToUnicode('\n'), "\xc4\x8a");  // Ċ
   EXPECT_EQ(unicode::UnicodeToByte('A'), 'A');
   EXPECT_EQ(unicode::UnicodeToByte(0x4e2d), -1);
@@ -289,8 +296,7 @@ TEST(PreTokenizeTest, Gpt2) {
 }
 
 TEST(PreTokenizeTest, DigitsIsolatedBeforeGpt2) {
-  EXPECT_EQ(Split(unicode::PreSplit::kDigitsGpt2, "abc 123x"),
-            (Words{"abc", " ", "1", "2", "3", "x"}));
+  EXPECT_EQ(Split(unicode::PreSplit::kDigitsGpt2, "abc 123x"), (Words{"abc", " ", "1", "2", "3", "x"}));
 }
 
 TEST(PreTokenizeTest, Qwen2) {
@@ -386,8 +392,13 @@ TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
     types.push_back(6);
   }
   const TokenId base = static_cast<TokenId>(tokens.size());
-  const std::vector<std::pair<std::string, float>> pieces = {
-      {"\xe2\x96\x81", -1}, {"a", -2}, {"b", -2}, {"ab", -1.5f}, {"\xe2\x96\x81" "ab", -0.5f}};
+  const std::vector<std::pair<std::string, float>> pieces = {{"\xe2\x96\x81", -1},
+                                                             {"a", -2},
+                                                             {"b", -2},
+                                                             {"ab", -1.5f},
+                                                             {"\xe2\x96\x81"
+                                                              "ab",
+                                                              -0.5f}};
   for (const auto& [t, s] : pieces) {
     tokens.push_back(t);
     scores.push_back(s);
@@ -449,14 +460,13 @@ TEST(TokenizerUnitTest, RejectsUnsupportedOrBrokenMetadata) {
   }
 }
 
-
 // A byte token (tokenizer.ggml.token_type 6) must spell its byte as "<0xXX>": BuildPieces and
 // the byte fallback read the byte from that text. Before the loader checked it, a text shorter
 // than 3 characters threw std::out_of_range (uncaught: the process died) and "<0x4>" or
 // "<0xZZ>" loaded as a wrong byte. Each must fail to load, naming the token id.
 TEST(TokenizerUnitTest, RejectsMalformedByteTokensNamingTheId) {
-  const std::vector<std::string> bad_texts = {"", "<0", "<0x", "<0x4>", "<0xZZ>", "<0x41>x", "0x41>",
-                                             std::string("<0x\0A>", 6)};
+  const std::vector<std::string> bad_texts = {"",       "<0",      "<0x",   "<0x4>",
+                                              "<0xZZ>", "<0x41>x", "0x41>", std::string("<0x\0A>", 6)};
   for (const std::string& bad : bad_texts) {
     for (const char* model : {"llama", "gpt2"}) {
       std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<0x41>", bad, "a"};
@@ -492,7 +502,6 @@ TEST(TokenizerUnitTest, RejectsNanScoreNamingTheToken) {
   EXPECT_NE(tok.status().message().find("token 5"), std::string::npos) << tok.status().message();
   EXPECT_NE(tok.status().message().find("tokenizer.ggml.scores"), std::string::npos) << tok.status().message();
 }
-
 
 // Special tokens are indexed in a byte trie (~40 bytes per byte of their text); a vocabulary
 // of thousands of long user-defined tokens would cost gigabytes. Real vocabularies have under

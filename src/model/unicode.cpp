@@ -15,8 +15,7 @@ const uint8_t* CategoryTable() {
     auto t = std::make_unique<uint8_t[]>(kMaxCodepoint);
     for (size_t i = 0; i < kCategoryRangeCount; ++i) {
       const uint32_t first = kCategoryRanges[i] >> 8;
-      const uint32_t last =
-          i + 1 < kCategoryRangeCount ? (kCategoryRanges[i + 1] >> 8) : kMaxCodepoint;
+      const uint32_t last = i + 1 < kCategoryRangeCount ? (kCategoryRanges[i + 1] >> 8) : kMaxCodepoint;
       std::fill(t.get() + first, t.get() + last, static_cast<uint8_t>(kCategoryRanges[i] & 0xff));
     }
     return t;
@@ -52,7 +51,9 @@ const ByteMaps& GetByteMaps() {
 constexpr uint16_t kWs = 0x100;
 constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
 
-uint32_t AsciiLower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
+uint32_t AsciiLower(uint32_t c) {
+  return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
+}
 
 // A view of cpts[ini, end) with llama.cpp's out-of-range conventions.
 class Piece {
@@ -82,11 +83,19 @@ class Piece {
   std::vector<size_t>* out_;
 };
 
-bool IsLetter(uint16_t f) { return f & kLetter; }
-bool IsNumber(uint16_t f) { return f & kNumber; }
-bool IsWs(uint16_t f) { return f & kWs; }
+bool IsLetter(uint16_t f) {
+  return f & kLetter;
+}
+bool IsNumber(uint16_t f) {
+  return f & kNumber;
+}
+bool IsWs(uint16_t f) {
+  return f & kWs;
+}
 // [^\s\p{L}\p{N}] inside the piece.
-bool IsOther(uint16_t f) { return f != 0 && !(f & (kWs | kLetter | kNumber)); }
+bool IsOther(uint16_t f) {
+  return f != 0 && !(f & (kWs | kLetter | kNumber));
+}
 
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)  (and a trailing \s+)
 void SplitGpt2(Piece& p) {
@@ -103,8 +112,7 @@ void SplitGpt2(Piece& p) {
       }
       if (pos + 2 < p.end()) {
         const uint32_t next2 = p.Cpt(pos + 2);
-        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') ||
-            (next == 'l' && next2 == 'l')) {
+        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') || (next == 'l' && next2 == 'l')) {
           pos += p.Add(pos + 3);
           continue;
         }
@@ -153,8 +161,7 @@ void SplitQwen2Llama3(Piece& p, size_t max_digits) {
       }
       if (pos + 2 < p.end()) {
         const uint32_t next2 = AsciiLower(p.Cpt(pos + 2));
-        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') ||
-            (next == 'l' && next2 == 'l')) {
+        if ((next == 'r' && next2 == 'e') || (next == 'v' && next2 == 'e') || (next == 'l' && next2 == 'l')) {
           pos += p.Add(pos + 3);
           continue;
         }
@@ -227,8 +234,8 @@ uint8_t CategoryOf(uint32_t cpt) {
 
 bool IsWhitespace(uint32_t c) {
   if (c < 0x80) return (c >= 0x09 && c <= 0x0d) || c == 0x20;
-  return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
-         c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
 std::vector<uint32_t> DecodeUtf8(std::string_view s) {
@@ -255,8 +262,7 @@ std::vector<uint32_t> DecodeUtf8(std::string_view s) {
       }
     } else if ((b0 & 0x08) == 0) {
       if (cont(i + 1) && cont(i + 2) && cont(i + 3)) {
-        cpt = ((b0 & 0x07u) << 18) | ((b[i + 1] & 0x3fu) << 12) | ((b[i + 2] & 0x3fu) << 6) |
-              (b[i + 3] & 0x3fu);
+        cpt = ((b0 & 0x07u) << 18) | ((b[i + 1] & 0x3fu) << 12) | ((b[i + 2] & 0x3fu) << 6) | (b[i + 3] & 0x3fu);
         len = 4;
         if (cpt >= kMaxCodepoint) cpt = 0xfffd;
       }
@@ -285,9 +291,13 @@ void AppendUtf8(uint32_t cpt, std::string* out) {
   }
 }
 
-const std::string& ByteToUnicode(uint8_t b) { return GetByteMaps().to_unicode[b]; }
+const std::string& ByteToUnicode(uint8_t b) {
+  return GetByteMaps().to_unicode[b];
+}
 
-int UnicodeToByte(uint32_t cpt) { return cpt < 512 ? GetByteMaps().from_cpt[cpt] : -1; }
+int UnicodeToByte(uint32_t cpt) {
+  return cpt < 512 ? GetByteMaps().from_cpt[cpt] : -1;
+}
 
 std::vector<size_t> PreTokenize(PreSplit kind, const std::vector<uint32_t>& cpts) {
   std::vector<size_t> out;

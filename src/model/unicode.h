@@ -58,10 +58,10 @@ int UnicodeToByte(uint32_t cpt);
 // Pre-tokenizers (tokenizer.ggml.pre families). Each returns the lengths, in code points, of
 // consecutive pieces covering `cpts` (whose sum is cpts.size()).
 enum class PreSplit {
-  kGpt2,    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
+  kGpt2,        // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
   kDigitsGpt2,  // \p{N} isolated first, then kGpt2 (starcoder, smollm, refact, command-r)
-  kQwen2,   // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-  kLlama3,  // as kQwen2 with \p{N}{1,3}
+  kQwen2,       // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  kLlama3,      // as kQwen2 with \p{N}{1,3}
 };
 std::vector<size_t> PreTokenize(PreSplit kind, const std::vector<uint32_t>& cpts);
 

@@ -14,8 +14,12 @@ SamplingParams ModelDefaultSampling(const Model& model) {
   const gguf::GgufFile& f = model.file();
   SamplingParams s;
   switch (model.config().arch) {
-    case Arch::kGemma3: s = {1.0f, 64, 0.95f, 0.0f}; break;
-    case Arch::kQwen2: s = {0.7f, 20, 0.8f, 0.0f}; break;
+    case Arch::kGemma3:
+      s = {1.0f, 64, 0.95f, 0.0f};
+      break;
+    case Arch::kQwen2:
+      s = {0.7f, 20, 0.8f, 0.0f};
+      break;
     case Arch::kLlama: {
       // general.name varies in case ("Smollm2 135M 8k ..." in the catalog's file).
       std::string name = f.GetString("general.name").value_or("");
@@ -38,7 +42,8 @@ Result<GenerateStats> Generator::WarmUp(const SpecParams& spec, int64_t max_toke
   p.sampling = ModelDefaultSampling(model());
   p.max_tokens = max_tokens;
   p.spec = spec;
-  auto r = Generate(prompt, p, [](TokenId) { return true; }, cancelled);
+  auto r = Generate(
+      prompt, p, [](TokenId) { return true; }, cancelled);
   ResetCache();
   return r;
 }

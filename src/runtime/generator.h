@@ -35,8 +35,8 @@ class Generator {
 
   // Generates from `prompt` (must be non-empty and shorter than n_ctx). Errors: invalid
   // arguments, or a Forward failure (the cache is then reset).
-  Result<GenerateStats> Generate(std::span<const TokenId> prompt, const GenerateParams& params,
-                                 const TokenFn& on_token, const CancelFn& cancelled = nullptr);
+  Result<GenerateStats> Generate(std::span<const TokenId> prompt, const GenerateParams& params, const TokenFn& on_token,
+                                 const CancelFn& cancelled = nullptr);
 
   // Start-up warm-up: one short generation with the model's default sampling and `spec`, so the
   // first request does not pay first-use costs (page faults, workspace growth) and the cost

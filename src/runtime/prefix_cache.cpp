@@ -14,7 +14,10 @@ uint64_t Mix(uint64_t h, uint64_t v) {
 }  // namespace
 
 PrefixCache::PrefixCache(uint64_t config_key, int64_t n_layer, int64_t kv_dim, const Options& opts)
-    : config_key_(config_key), n_layer_(n_layer), kv_dim_(kv_dim), block_(std::max<int64_t>(1, opts.block_tokens)),
+    : config_key_(config_key),
+      n_layer_(n_layer),
+      kv_dim_(kv_dim),
+      block_(std::max<int64_t>(1, opts.block_tokens)),
       budget_(opts.byte_budget) {}
 
 size_t PrefixCache::BlockBytes() const {
@@ -31,7 +34,8 @@ const PrefixCache::Block* PrefixCache::Find(uint64_t parent, std::span<const Tok
   *hash = ChainHash(parent, block);
   auto it = map_.find(*hash);
   // A hash collision must not return another prefix's KV: compare parent and tokens.
-  if (it == map_.end() || it->second.parent != parent || !std::equal(block.begin(), block.end(), it->second.tokens.begin()))
+  if (it == map_.end() || it->second.parent != parent ||
+      !std::equal(block.begin(), block.end(), it->second.tokens.begin()))
     return nullptr;
   return &it->second;
 }
@@ -126,7 +130,10 @@ void PrefixCache::Store(std::span<const TokenId> tokens, int64_t n, const KvCach
     if (par) ++par->children;
     bool room = true;
     while (bytes_ + BlockBytes() > budget_) {
-      if (!EvictOne()) { room = false; break; }
+      if (!EvictOne()) {
+        room = false;
+        break;
+      }
     }
     if (!room) {
       if (par) --par->children;

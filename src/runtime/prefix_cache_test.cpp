@@ -1,13 +1,14 @@
 // PrefixCache on synthetic KV caches (block matching, partial restores, eviction order, budget,
 // configuration keys) and on the real SmolLM2 model (restored KV continues exactly like a cold
 // prefill).
+#include "runtime/prefix_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
 
 #include "model/test_models.h"
-#include "runtime/prefix_cache.h"
 
 namespace mr {
 namespace {
@@ -155,7 +156,8 @@ TEST(PrefixCache, RestoredKvContinuesLikeAColdPrefillOnARealModel) {
   float max_diff = 0;
   for (int64_t i = 0; i < nv; ++i) max_diff = std::max(max_diff, std::abs(cold[i] - warm[i]));
   EXPECT_LT(max_diff, 1e-3f);
-  EXPECT_EQ(std::max_element(cold.begin(), cold.end()) - cold.begin(), std::max_element(warm.begin(), warm.end()) - warm.begin());
+  EXPECT_EQ(std::max_element(cold.begin(), cold.end()) - cold.begin(),
+            std::max_element(warm.begin(), warm.end()) - warm.begin());
 }
 
 }  // namespace

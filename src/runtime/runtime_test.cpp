@@ -203,14 +203,20 @@ TEST_F(GeneratorTest, ZeroMaxTokensEvaluatesThePromptOnly) {
   const auto prompt = model_->tokenizer().Encode("The three primary colors are", true, false);
   Generator gen(*model_, 512);
   int emitted = 0;
-  auto r = gen.Generate(prompt, GreedyParams(0), [&](TokenId) { ++emitted; return true; });
+  auto r = gen.Generate(prompt, GreedyParams(0), [&](TokenId) {
+    ++emitted;
+    return true;
+  });
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(emitted, 0);
   EXPECT_EQ(r->generated, 0);
   EXPECT_EQ(r->stop, StopCause::kMaxTokens);
   EXPECT_EQ(r->prompt_tokens, static_cast<int64_t>(prompt.size()));
   std::vector<TokenId> got;
-  auto r2 = gen.Generate(prompt, GreedyParams(8), [&](TokenId t) { got.push_back(t); return true; });
+  auto r2 = gen.Generate(prompt, GreedyParams(8), [&](TokenId t) {
+    got.push_back(t);
+    return true;
+  });
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
   EXPECT_EQ(got, Greedy(prompt, 8));
@@ -222,7 +228,10 @@ TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {
   ASSERT_EQ(want.size(), 24u);
   Generator gen(*model_, 512);
   std::vector<TokenId> got;
-  auto r = gen.Generate(prompt, GreedyParams(24), [&](TokenId t) { got.push_back(t); return true; });
+  auto r = gen.Generate(prompt, GreedyParams(24), [&](TokenId t) {
+    got.push_back(t);
+    return true;
+  });
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(got, want);
   EXPECT_EQ(r->stop, StopCause::kMaxTokens);
@@ -234,7 +243,10 @@ TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {
   longer.insert(longer.end(), want.begin(), want.begin() + 10);
   const auto want2 = Greedy(longer, 12);
   got.clear();
-  r = gen.Generate(longer, GreedyParams(12), [&](TokenId t) { got.push_back(t); return true; });
+  r = gen.Generate(longer, GreedyParams(12), [&](TokenId t) {
+    got.push_back(t);
+    return true;
+  });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reused_tokens, static_cast<int64_t>(longer.size()) - 1);
   EXPECT_EQ(got, want2);
@@ -245,7 +257,10 @@ TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {
   other.insert(other.end(), more.begin(), more.end());
   const auto want3 = Greedy(other, 12);
   got.clear();
-  r = gen.Generate(other, GreedyParams(12), [&](TokenId t) { got.push_back(t); return true; });
+  r = gen.Generate(other, GreedyParams(12), [&](TokenId t) {
+    got.push_back(t);
+    return true;
+  });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reused_tokens, 3);
   EXPECT_EQ(got, want3);
@@ -265,7 +280,13 @@ TEST_F(GeneratorTest, CallbackStopCancellationAndBadPrompts) {
   int polls = 0;
   GenerateParams chunked = GreedyParams(50);
   chunked.prefill_chunk = 2;
-  r = gen.Generate(prompt, chunked, [&](TokenId) { ADD_FAILURE(); return true; }, [&] { return ++polls > 1; });
+  r = gen.Generate(
+      prompt, chunked,
+      [&](TokenId) {
+        ADD_FAILURE();
+        return true;
+      },
+      [&] { return ++polls > 1; });
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->stop, StopCause::kCancelled);
   EXPECT_EQ(r->generated, 0);
@@ -288,8 +309,18 @@ TEST_F(GeneratorTest, SeededSamplingRepeats) {
   p.seeded = true;
   p.max_tokens = 16;
   std::vector<TokenId> a, b;
-  ASSERT_TRUE(gen.Generate(prompt, p, [&](TokenId t) { a.push_back(t); return true; }).ok());
-  ASSERT_TRUE(gen.Generate(prompt, p, [&](TokenId t) { b.push_back(t); return true; }).ok());
+  ASSERT_TRUE(gen.Generate(prompt, p,
+                           [&](TokenId t) {
+                             a.push_back(t);
+                             return true;
+                           })
+                  .ok());
+  ASSERT_TRUE(gen.Generate(prompt, p,
+                           [&](TokenId t) {
+                             b.push_back(t);
+                             return true;
+                           })
+                  .ok());
   EXPECT_EQ(a, b);
   EXPECT_FALSE(a.empty());
 }

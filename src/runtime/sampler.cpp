@@ -14,11 +14,15 @@ uint64_t SplitMix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t Rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 // Probability descending, then id ascending: a strict weak order, so results do not depend on
 // the sort algorithm.
-bool Before(const Candidate& a, const Candidate& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); }
+bool Before(const Candidate& a, const Candidate& b) {
+  return a.p > b.p || (a.p == b.p && a.id < b.id);
+}
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -37,7 +41,9 @@ uint64_t Rng::Next() {
   return result;
 }
 
-double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+double Rng::Uniform() {
+  return static_cast<double>(Next() >> 11) * 0x1.0p-53;
+}
 
 uint64_t Rng::RandomSeed() {
   std::random_device rd;
@@ -76,11 +82,13 @@ void Sampler::Distribution(const float* logits, int64_t n_vocab, std::vector<Can
     // min-p keeps w >= min_p * w_max (w_max = 1). Dropping those candidates first changes
     // neither the top-k set nor the top-p prefix of the survivors (they are the sorted tail).
     const float thr = params_.min_p;
-    n = static_cast<size_t>(std::partition(c.begin(), c.end(), [thr](const Candidate& x) { return x.p >= thr; }) - c.begin());
+    n = static_cast<size_t>(std::partition(c.begin(), c.end(), [thr](const Candidate& x) { return x.p >= thr; }) -
+                            c.begin());
   }
   if (!use_k && !use_p) {
     // No cut that needs an order: keep id order (sorting a whole vocabulary costs ~10 ms).
-    if (use_min_p) std::sort(c.begin(), c.begin() + n, [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    if (use_min_p)
+      std::sort(c.begin(), c.begin() + n, [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
     out->assign(c.begin(), c.begin() + n);
   } else {
     // Sort a growing prefix until it holds the top-k cut or the top-p cut.
@@ -96,7 +104,10 @@ void Sampler::Distribution(const float* logits, int64_t n_vocab, std::vector<Can
       for (size_t i = 0; i < k; ++i) {
         cum += c[i].p;
         keep = i + 1;
-        if (use_p && cum >= p_mass) { reached = true; break; }
+        if (use_p && cum >= p_mass) {
+          reached = true;
+          break;
+        }
       }
       if (reached || k >= k_limit) break;
       k = std::min(k * 4, k_limit);

@@ -10,11 +10,16 @@ namespace mr {
 
 const char* StopCauseName(StopCause c) {
   switch (c) {
-    case StopCause::kEndOfGeneration: return "end_of_generation";
-    case StopCause::kMaxTokens: return "max_tokens";
-    case StopCause::kCallback: return "callback";
-    case StopCause::kCancelled: return "cancelled";
-    case StopCause::kContextFull: return "context_full";
+    case StopCause::kEndOfGeneration:
+      return "end_of_generation";
+    case StopCause::kMaxTokens:
+      return "max_tokens";
+    case StopCause::kCallback:
+      return "callback";
+    case StopCause::kCancelled:
+      return "cancelled";
+    case StopCause::kContextFull:
+      return "context_full";
   }
   return "?";
 }
@@ -244,7 +249,8 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       const std::span<const std::vector<Candidate>> q =
           sampled_q ? std::span<const std::vector<Candidate>>(draft_.q.data(), static_cast<size_t>(n_draft))
                     : std::span<const std::vector<Candidate>>();
-      const VerifyOutcome v = VerifyDraft(std::span<const TokenId>(rows_.data() + 1, n_draft), q, p, rng_, &verify_scratch_);
+      const VerifyOutcome v =
+          VerifyDraft(std::span<const TokenId>(rows_.data() + 1, n_draft), q, p, rng_, &verify_scratch_);
       controller_.RecordAcceptance(n_draft, v.accepted);
       ++stats_.spec_steps;
       stats_.drafted += n_draft;

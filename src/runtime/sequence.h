@@ -44,7 +44,7 @@ struct SpecParams {
   // Most draft tokens per step (k). < 0: adaptive with at most kDefaultDraftTokens. (The
   // MERERUN_DRAFT_TOKENS variable is read in app/, spec_config.h.)
   int draft_tokens = -1;
-  bool adaptive = true;        // the cost controller picks k in 0..draft_tokens per step
+  bool adaptive = true;  // the cost controller picks k in 0..draft_tokens per step
 };
 constexpr int kDefaultDraftTokens = 7;
 // The effective (k, adaptive) of `spec`.
@@ -53,8 +53,8 @@ std::pair<int, bool> ResolveDraftTokens(const SpecParams& spec);
 struct GenerateParams {
   SamplingParams sampling;
   uint64_t seed = 0;
-  bool seeded = false;      // false: a fresh random seed per request
-  int64_t max_tokens = 256;  // generated + injected tokens; 0: evaluate (and cache) the prompt only
+  bool seeded = false;          // false: a fresh random seed per request
+  int64_t max_tokens = 256;     // generated + injected tokens; 0: evaluate (and cache) the prompt only
   int64_t prefill_chunk = 256;  // rows per Forward during prefill (cancellation point)
   SpecParams spec;              // speculative decoding; off unless spec.drafter is set
 };
@@ -62,28 +62,28 @@ struct GenerateParams {
 enum class StopCause {
   kEndOfGeneration,  // the model produced an end-of-generation token (not reported to on_token)
   kMaxTokens,
-  kCallback,         // on_token returned false (stop sequence, tool call complete, ...)
-  kCancelled,        // cancelled
-  kContextFull,      // the KV cache has no room for another token
+  kCallback,     // on_token returned false (stop sequence, tool call complete, ...)
+  kCancelled,    // cancelled
+  kContextFull,  // the KV cache has no room for another token
 };
 const char* StopCauseName(StopCause c);
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
-  int64_t reused_tokens = 0;  // prompt tokens whose KV was kept (own cache or prefix cache)
-  int64_t cache_restored = 0; // of them, copied from the prefix cache
-  int64_t generated = 0;      // tokens passed to on_token
-  int64_t injected = 0;       // tokens added by Inject (count against max_tokens)
-  TokenId eog_token = -1;     // the end-of-generation token when stop == kEndOfGeneration
-  double prefill_s = 0.0;     // Start -> first sampled token (excluding reused tokens)
-  double decode_s = 0.0;      // from the first sampled token to the stop
+  int64_t reused_tokens = 0;   // prompt tokens whose KV was kept (own cache or prefix cache)
+  int64_t cache_restored = 0;  // of them, copied from the prefix cache
+  int64_t generated = 0;       // tokens passed to on_token
+  int64_t injected = 0;        // tokens added by Inject (count against max_tokens)
+  TokenId eog_token = -1;      // the end-of-generation token when stop == kEndOfGeneration
+  double prefill_s = 0.0;      // Start -> first sampled token (excluding reused tokens)
+  double decode_s = 0.0;       // from the first sampled token to the stop
   StopCause stop = StopCause::kMaxTokens;
   // Speculative decoding (zero when off).
-  int64_t spec_steps = 0;    // verify passes with at least one draft
-  int64_t plain_steps = 0;   // one-row steps
-  int64_t drafted = 0;       // draft tokens verified
-  int64_t accepted = 0;      // of them accepted
-  double draft_s = 0.0;      // time in the drafter (included in decode_s)
+  int64_t spec_steps = 0;   // verify passes with at least one draft
+  int64_t plain_steps = 0;  // one-row steps
+  int64_t drafted = 0;      // draft tokens verified
+  int64_t accepted = 0;     // of them accepted
+  double draft_s = 0.0;     // time in the drafter (included in decode_s)
   // Per draft position i (0-based): drafts verified there, and accepted.
   std::vector<int64_t> proposed_at, accepted_at;
 };
@@ -134,7 +134,10 @@ class Sequence {
   int64_t n_ctx() const { return kv_.n_ctx; }
   // Tokens whose KV is in the cache.
   const std::vector<TokenId>& cached_tokens() const { return tokens_; }
-  void ResetCache() { tokens_.clear(); kv_.n_past = 0; }
+  void ResetCache() {
+    tokens_.clear();
+    kv_.n_past = 0;
+  }
   // Frees the KV memory (the cache is then empty).
   void ReleaseCache();
   const CostController& controller() const { return controller_; }
@@ -175,10 +178,10 @@ class Sequence {
   const Drafter* controller_drafter_ = nullptr;  // the controller's figures describe this drafter
   Draft draft_;
   int last_draft_ = 0;
-  std::vector<TokenId> rows_;                    // pending token + drafts
-  std::vector<std::vector<Candidate>> p_;        // target distributions per verify row
+  std::vector<TokenId> rows_;              // pending token + drafts
+  std::vector<std::vector<Candidate>> p_;  // target distributions per verify row
   VerifyScratch verify_scratch_;
-  std::vector<TokenId> run_;                     // tokens a step produced
+  std::vector<TokenId> run_;  // tokens a step produced
 };
 
 }  // namespace mr

@@ -83,8 +83,8 @@ Status CheckSameVocabulary(const Model& target, const Model& draft) {
   const Tokenizer& a = target.tokenizer();
   const Tokenizer& b = draft.tokenizer();
   if (a.vocab_size() != b.vocab_size())
-    return InvalidArgument("[spec] draft model vocabulary differs: " + std::to_string(b.vocab_size()) + " tokens, target has " +
-                           std::to_string(a.vocab_size()));
+    return InvalidArgument("[spec] draft model vocabulary differs: " + std::to_string(b.vocab_size()) +
+                           " tokens, target has " + std::to_string(a.vocab_size()));
   for (int32_t i = 0; i < a.vocab_size(); ++i)
     if (a.text(i) != b.text(i) || a.IsEndOfGeneration(i) != b.IsEndOfGeneration(i))
       return InvalidArgument("[spec] draft model vocabulary differs at token " + std::to_string(i) + ": '" + b.text(i) +
@@ -131,7 +131,9 @@ Status ModelDrafter::CatchUp(std::span<const TokenId> context) {
   return Status::Ok();
 }
 
-Status ModelDrafter::Begin(std::span<const TokenId> prompt) { return CatchUp(prompt); }
+Status ModelDrafter::Begin(std::span<const TokenId> prompt) {
+  return CatchUp(prompt);
+}
 
 Status ModelDrafter::Propose(std::span<const TokenId> context, int k, const SamplingParams& sampling, Rng& rng,
                              Draft* out) {

@@ -30,13 +30,13 @@ float ProbOf(const std::vector<Candidate>& dist, TokenId id);
 
 // Scratch for VerifyDraft; reuse one across calls (no allocation once warm).
 struct VerifyScratch {
-  std::vector<float> dense;        // (max id + 1) q values, zero between calls
+  std::vector<float> dense;  // (max id + 1) q values, zero between calls
   std::vector<Candidate> residual;
 };
 
 struct VerifyOutcome {
-  int accepted = 0;      // drafts accepted, 0..drafts.size()
-  TokenId next = -1;     // the token after them: a residual draw, or the bonus from p[accepted]
+  int accepted = 0;   // drafts accepted, 0..drafts.size()
+  TokenId next = -1;  // the token after them: a residual draw, or the bonus from p[accepted]
 };
 
 // Target distribution of position i (i = 0..drafts.size()): p(token | context, drafts[0..i)).
@@ -53,7 +53,10 @@ struct Draft {
   std::vector<TokenId> tokens;
   bool sampled = false;                   // q is valid; false: deterministic (q one-hot)
   std::vector<std::vector<Candidate>> q;  // when sampled: q[i] for tokens[i] (capacity reused)
-  void Clear() { tokens.clear(); sampled = false; }
+  void Clear() {
+    tokens.clear();
+    sampled = false;
+  }
 };
 
 class Drafter {
@@ -62,7 +65,10 @@ class Drafter {
   virtual std::string name() const = 0;
   // A request starts: `prompt` is the context the target just evaluated. Lets a model drafter
   // evaluate the prompt during prefill rather than in the first decode step.
-  virtual Status Begin(std::span<const TokenId> prompt) { (void)prompt; return Status::Ok(); }
+  virtual Status Begin(std::span<const TokenId> prompt) {
+    (void)prompt;
+    return Status::Ok();
+  }
   // Propose up to k tokens continuing `context` (everything the target has seen, including the
   // last emitted token). Fewer (even zero) is allowed. `sampling` is the request's sampling; a
   // sampling drafter draws with it from `rng` and fills out->q.
@@ -166,7 +172,7 @@ class CostController {
   bool adaptive_ = true;
   double accept_[kMaxK] = {};
   int64_t accept_n_[kMaxK] = {};
-  double fwd_[kMaxK + 2] = {};          // index = rows
+  double fwd_[kMaxK + 2] = {};  // index = rows
   int64_t fwd_n_[kMaxK + 2] = {};
   double draft_per_token_ = 0.0;
   int64_t draft_n_ = 0;

@@ -2,6 +2,8 @@
 // real SmolLM2 model (chi-square over 200,000 draws, and the same test failing for deliberately
 // wrong rules), drafters, the cost controller, and greedy bit-identity of the Generator with
 // every drafter and k on real models (the Qwen draft-model pair when pulled).
+#include "runtime/speculative.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,14 +12,15 @@
 
 #include "model/test_models.h"
 #include "runtime/generator.h"
-#include "runtime/speculative.h"
 
 namespace mr {
 namespace {
 
 // ---- The rule on hand-made distributions ----
 
-std::vector<Candidate> Dist(std::initializer_list<Candidate> c) { return c; }
+std::vector<Candidate> Dist(std::initializer_list<Candidate> c) {
+  return c;
+}
 
 TEST(VerifyDraft, GreedyAcceptsWhileDraftIsTheArgmax) {
   // p one-hot per position (greedy): 5, 7, 9, then bonus 11.
@@ -48,8 +51,11 @@ TEST(VerifyDraft, RejectedDeterministicDraftIsNeverResampled) {
   int accepted = 0, n = 20000;
   for (int i = 0; i < n; ++i) {
     VerifyOutcome v = VerifyDraft(d, {}, fn, rng, &s);
-    if (v.accepted == 1) { ++accepted; EXPECT_EQ(v.next, 4); }
-    else EXPECT_NE(v.next, 1);
+    if (v.accepted == 1) {
+      ++accepted;
+      EXPECT_EQ(v.next, 4);
+    } else
+      EXPECT_NE(v.next, 1);
   }
   EXPECT_NEAR(accepted / double(n), 0.5, 0.02);
 }
@@ -130,8 +136,9 @@ class RecordedDists : public ::testing::Test {
           if (ProbOf(resample_p, c.id) == 0.0f) resample_p.push_back({c.id, 0.05f});
         return resample_p;
       };
-      VerifyOutcome v = VerifyDraft(d, sampled ? std::span<const std::vector<Candidate>>(q) : std::span<const std::vector<Candidate>>(),
-                                    p, rng, &s);
+      VerifyOutcome v = VerifyDraft(
+          d, sampled ? std::span<const std::vector<Candidate>>(q) : std::span<const std::vector<Candidate>>(), p, rng,
+          &s);
       if (rule == Rule::kResampleFromP && v.accepted < 2) v.next = Sampler::Draw(p(v.accepted), rng);  // wrong residual
       TokenId x1, x2;
       if (v.accepted == 0) {
@@ -153,13 +160,20 @@ class RecordedDists : public ::testing::Test {
         auto it = count.find({a.id, b.id});
         const int64_t o = it == count.end() ? 0 : it->second;
         seen += o;
-        if (e < 5) { pooled_e += e; pooled_o += o; continue; }
+        if (e < 5) {
+          pooled_e += e;
+          pooled_o += o;
+          continue;
+        }
         chi2 += (o - e) * (o - e) / e;
         ++cells;
       }
     }
     pooled_o += n_draws - seen;  // pairs the target cannot produce count against the pool
-    if (pooled_e > 0) { chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1.0); ++cells; }
+    if (pooled_e > 0) {
+      chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1.0);
+      ++cells;
+    }
     return {chi2, cells - 1};
   }
 
@@ -261,7 +275,10 @@ class SpecGeneratorTest : public ::testing::Test {
     ASSERT_TRUE(m.ok()) << m.status().message();
     model_ = m->release();
   }
-  static void TearDownTestSuite() { delete model_; model_ = nullptr; }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
   void SetUp() override {
     if (model_ == nullptr) GTEST_SKIP() << "smollm2-135m-instruct not pulled";
   }
@@ -269,9 +286,13 @@ class SpecGeneratorTest : public ::testing::Test {
 };
 Model* SpecGeneratorTest::model_ = nullptr;
 
-std::vector<TokenId> Collect(Generator& gen, const std::vector<TokenId>& prompt, const GenerateParams& p, GenerateStats* stats = nullptr) {
+std::vector<TokenId> Collect(Generator& gen, const std::vector<TokenId>& prompt, const GenerateParams& p,
+                             GenerateStats* stats = nullptr) {
   std::vector<TokenId> out;
-  auto r = gen.Generate(prompt, p, [&](TokenId t) { out.push_back(t); return true; });
+  auto r = gen.Generate(prompt, p, [&](TokenId t) {
+    out.push_back(t);
+    return true;
+  });
   EXPECT_TRUE(r.ok()) << r.status().message();
   if (r.ok() && stats) *stats = *r;
   return out;
@@ -353,7 +374,8 @@ TEST_F(SpecGeneratorTest, CallbackStopMidRunRollsBackTheCache) {
   EXPECT_EQ(rest, std::vector<TokenId>(want.begin() + 6, want.begin() + 16));
   // max_tokens inside an accepted run: exactly max_tokens tokens.
   gen.ResetCache();
-  EXPECT_EQ(Collect(gen, prompt, Greedy(5, self.value().get(), 7, false)), std::vector<TokenId>(want.begin(), want.begin() + 5));
+  EXPECT_EQ(Collect(gen, prompt, Greedy(5, self.value().get(), 7, false)),
+            std::vector<TokenId>(want.begin(), want.begin() + 5));
 }
 
 TEST_F(SpecGeneratorTest, SampledSpeculationRunsAndWarmUpCalibrates) {

@@ -35,8 +35,8 @@ TEST(Scheduler, AdmissionQueueFullAndOverloaded) {
   EXPECT_EQ(s.Submit(1, 10), Admit::kQueued);
   EXPECT_EQ(s.Submit(2, 10), Admit::kQueued);
   EXPECT_EQ(s.Peek(), Admit::kQueued);
-  EXPECT_EQ(s.Submit(3, 10), Admit::kQueued);   // 2 take free slots, 1 waits in the queue
-  EXPECT_EQ(s.Peek(), Admit::kQueueFull);       // the early answer agrees with Submit
+  EXPECT_EQ(s.Submit(3, 10), Admit::kQueued);  // 2 take free slots, 1 waits in the queue
+  EXPECT_EQ(s.Peek(), Admit::kQueueFull);      // the early answer agrees with Submit
   EXPECT_EQ(s.Submit(4, 10), Admit::kQueueFull);
   Plan p = s.Next();
   EXPECT_EQ(p.started, (std::vector<SeqId>{1, 2}));
@@ -130,7 +130,10 @@ TEST(Scheduler, DecodersTakeTurnsWhenTheBudgetIsShortAndNobodyStarves) {
   int prefilled = 0;
   for (int step = 0; step < 100 && prefilled < 8; ++step) {
     for (const Work& w : s.Next().work)
-      if (w.prefill) { s.Prefilled(w.id, w.rows); ++prefilled; }
+      if (w.prefill) {
+        s.Prefilled(w.id, w.rows);
+        ++prefilled;
+      }
   }
   ASSERT_EQ(prefilled, 8) << "prefill starved by decoders";
   std::map<SeqId, int> served;
@@ -222,8 +225,12 @@ TEST(Scheduler, RandomCancellationsLeakNoSlots) {
       Plan p = s.Next();
       for (SeqId id : p.dropped) live.erase(id);
       for (const Work& w : p.work) {
-        if (w.prefill) s.Prefilled(w.id, w.rows);
-        else if (rng() % 10 == 0) { s.Finish(w.id); live.erase(w.id); }
+        if (w.prefill)
+          s.Prefilled(w.id, w.rows);
+        else if (rng() % 10 == 0) {
+          s.Finish(w.id);
+          live.erase(w.id);
+        }
       }
     }
     ASSERT_LE(s.active(), l.max_active);

@@ -24,7 +24,8 @@ Admit Scheduler::Submit(SeqId id, int64_t prompt_tokens) {
 Admit Scheduler::Peek() const {
   if (!ready_) return Admit::kOverloaded;
   // Requests waiting for a free slot do not count against the queue: the next Plan takes them.
-  if (static_cast<int>(active_.size() + queue_.size()) >= limits_.max_active + limits_.max_queued) return Admit::kQueueFull;
+  if (static_cast<int>(active_.size() + queue_.size()) >= limits_.max_active + limits_.max_queued)
+    return Admit::kQueueFull;
   return Admit::kQueued;
 }
 
@@ -47,7 +48,8 @@ bool Scheduler::Cancel(SeqId id) {
 }
 
 void Scheduler::Finish(SeqId id) {
-  active_.erase(std::remove_if(active_.begin(), active_.end(), [id](const Seq& s) { return s.id == id; }), active_.end());
+  active_.erase(std::remove_if(active_.begin(), active_.end(), [id](const Seq& s) { return s.id == id; }),
+                active_.end());
 }
 
 void Scheduler::Prefilled(SeqId id, int64_t rows) {
@@ -63,7 +65,8 @@ Plan Scheduler::Next() {
   // 1. Cancelled sequences leave first, so their slots can be reused in this very step.
   for (const Seq& s : active_)
     if (s.cancelled) plan.dropped.push_back(s.id);
-  active_.erase(std::remove_if(active_.begin(), active_.end(), [](const Seq& s) { return s.cancelled; }), active_.end());
+  active_.erase(std::remove_if(active_.begin(), active_.end(), [](const Seq& s) { return s.cancelled; }),
+                active_.end());
   // 2. Promote in arrival order.
   while (static_cast<int>(active_.size()) < limits_.max_active && !queue_.empty()) {
     queued_tokens_ -= queue_.front().prompt_left;
@@ -86,7 +89,11 @@ Plan Scheduler::Next() {
   // when that is more than the step budget (larger chunks run the prefill kernels faster).
   int64_t budget = decoders.empty() ? std::max(limits_.step_rows, limits_.prefill_chunk) : limits_.step_rows;
   const int64_t dec_min = std::min<int64_t>(static_cast<int64_t>(decoders.size()), budget - 1);
-  const int64_t reserve = prefillers.empty() ? 0 : std::max<int64_t>(std::min({limits_.min_prefill_rows, prefillers.front()->prompt_left, budget - dec_min}), 0);
+  const int64_t reserve =
+      prefillers.empty()
+          ? 0
+          : std::max<int64_t>(std::min({limits_.min_prefill_rows, prefillers.front()->prompt_left, budget - dec_min}),
+                              0);
   const int64_t n_dec = std::min<int64_t>(static_cast<int64_t>(decoders.size()), budget - reserve);
   budget -= n_dec;
   int64_t spare = budget - reserve;

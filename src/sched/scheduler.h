@@ -29,26 +29,26 @@ namespace mr::sched {
 using SeqId = uint64_t;
 
 struct Limits {
-  int max_active = 4;               // sequences with a KV slot
-  int max_queued = 16;              // waiting for a slot; beyond: kQueueFull (429)
+  int max_active = 4;                   // sequences with a KV slot
+  int max_queued = 16;                  // waiting for a slot; beyond: kQueueFull (429)
   int64_t max_queued_tokens = 1 << 20;  // prompt tokens waiting; beyond: kOverloaded (529)
-  int64_t step_rows = 64;           // rows per engine step (all sequences together)
-  int64_t prefill_chunk = 256;      // most rows one sequence prefills per step
-  int64_t min_prefill_rows = 16;    // guaranteed to the oldest pending prefill per step
+  int64_t step_rows = 64;               // rows per engine step (all sequences together)
+  int64_t prefill_chunk = 256;          // most rows one sequence prefills per step
+  int64_t min_prefill_rows = 16;        // guaranteed to the oldest pending prefill per step
 };
 
 enum class Admit { kQueued, kQueueFull, kOverloaded };
 
 struct Work {
   SeqId id = 0;
-  int64_t rows = 0;   // prefill: prompt tokens to evaluate; decode: 1 + speculative rows
+  int64_t rows = 0;  // prefill: prompt tokens to evaluate; decode: 1 + speculative rows
   bool prefill = false;
 };
 
 struct Plan {
-  std::vector<SeqId> dropped;   // cancelled: free their KV and slot now
-  std::vector<SeqId> started;   // promoted from the queue into a slot this step
-  std::vector<Work> work;       // rows to run in this step
+  std::vector<SeqId> dropped;  // cancelled: free their KV and slot now
+  std::vector<SeqId> started;  // promoted from the queue into a slot this step
+  std::vector<Work> work;      // rows to run in this step
 };
 
 class Scheduler {

@@ -10,7 +10,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string Dump(const Json& j) { return DumpWireJson(j); }
+std::string Dump(const Json& j) {
+  return DumpWireJson(j);
+}
 
 void AppendPara(std::string* s, const std::string& t) {
   if (!s->empty() && !t.empty()) *s += "\n\n";
@@ -33,8 +35,8 @@ std::optional<ApiError> CacheControl(const Json& b, const std::string& where, bo
   const Json& cc = b["cache_control"];
   const std::string w = where + ".cache_control";
   if (!cc.is_object() || !cc.contains("type") || cc["type"] != "ephemeral")
-    return InvalidRequest(w + ": expected {\"type\": \"ephemeral\"} with an optional \"ttl\" of \"5m\" or \"1h\", got " +
-                          Dump(cc));
+    return InvalidRequest(
+        w + ": expected {\"type\": \"ephemeral\"} with an optional \"ttl\" of \"5m\" or \"1h\", got " + Dump(cc));
   if (cc.contains("ttl") && !cc["ttl"].is_null()) {
     if (cc["ttl"] != "5m" && cc["ttl"] != "1h")
       return InvalidRequest(w + ".ttl: expected \"5m\" or \"1h\", got " + Dump(cc["ttl"]));
@@ -46,7 +48,9 @@ std::optional<ApiError> CacheControl(const Json& b, const std::string& where, bo
 
 // Billing metadata Claude Code sends as its first system block (it changes every request):
 // not an instruction, and it would defeat KV reuse between requests.
-bool IsBillingHeader(const std::string& text) { return text.rfind("x-anthropic-billing-header:", 0) == 0; }
+bool IsBillingHeader(const std::string& text) {
+  return text.rfind("x-anthropic-billing-header:", 0) == 0;
+}
 
 // A block's "type" when it is an object with a string type, else "".
 std::string BlockType(const Json& b) {
@@ -176,10 +180,13 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         if (cit != nullptr)
           if (auto e = OptBool(*cit, "enabled", w + ".citations", &cite)) return e;
         if (cite)
-          return InvalidRequest(w + ".citations: citations are not supported by this server; send the document without \"citations\"");
+          return InvalidRequest(
+              w + ".citations: citations are not supported by this server; send the document without \"citations\"");
         const Json src = b.contains("source") ? b["source"] : Json();
         if (BlockType(src) != "text" || !src.contains("data") || !src["data"].is_string())
-          return InvalidRequest(w + ".source: only plain-text documents ({\"type\": \"text\", \"data\": ...}) are supported by this text-only model");
+          return InvalidRequest(w +
+                                ".source: only plain-text documents ({\"type\": \"text\", \"data\": ...}) are "
+                                "supported by this text-only model");
         AppendPara(&msg.content, src["data"].get<std::string>());
       } else if (type == "tool_result" && role == "user") {
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
@@ -212,11 +219,14 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         if (!call.arguments.is_object()) return InvalidRequest(w + ".input: expected an object");
         msg.tool_calls.push_back(std::move(call));
       } else if (type == "thinking" && role == "assistant") {
-        const std::string text = b.contains("thinking") && b["thinking"].is_string() ? b["thinking"].get<std::string>() : "";
-        const std::string sig = b.contains("signature") && b["signature"].is_string() ? b["signature"].get<std::string>() : "";
+        const std::string text =
+            b.contains("thinking") && b["thinking"].is_string() ? b["thinking"].get<std::string>() : "";
+        const std::string sig =
+            b.contains("signature") && b["signature"].is_string() ? b["signature"].get<std::string>() : "";
         if (!VerifyThinking(sm.signing_key, sm.id, text, sig))
-          return InvalidRequest(w + ".signature: invalid signature for this thinking block (altered, or signed by "
-                                    "another server or an earlier run); send it back unchanged or drop it");
+          return InvalidRequest(w +
+                                ".signature: invalid signature for this thinking block (altered, or signed by "
+                                "another server or an earlier run); send it back unchanged or drop it");
         // Earlier reasoning is not replayed into the prompt (as Qwen's reasoning templates do).
       } else if (type == "redacted_thinking" && role == "assistant") {
         // Accepted and dropped: this server never produces one, so there is nothing to decode.
@@ -328,8 +338,9 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       if (!t.is_object()) return InvalidRequest(w + ": expected an object");
       const std::string type = t.contains("type") && t["type"].is_string() ? t["type"].get<std::string>() : "custom";
       if (type != "custom")
-        return InvalidRequest(w + ".type: server tool \"" + type + "\" is not supported by this server; "
-                                  "define it as a custom tool with an input_schema");
+        return InvalidRequest(w + ".type: server tool \"" + type +
+                              "\" is not supported by this server; "
+                              "define it as a custom tool with an input_schema");
       if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
       if (auto e = CheckToolName(t["name"].get<std::string>(), w + ".name", kLimits.max_tool_name_bytes)) return e;
       if (!t.contains("input_schema") || !t["input_schema"].is_object())
@@ -358,8 +369,9 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
                           std::to_string(req->cache_cuts.size()) + ".");
   for (size_t i = 1; i < req->cache_cuts.size(); ++i)
     if (req->cache_cuts[i].one_hour && !req->cache_cuts[i - 1].one_hour)
-      return InvalidRequest("cache_control: a ttl=\"1h\" breakpoint cannot come after a ttl=\"5m\" one; breakpoints with "
-                            "the longer ttl must come first (in the order tools, system, messages)");
+      return InvalidRequest(
+          "cache_control: a ttl=\"1h\" breakpoint cannot come after a ttl=\"5m\" one; breakpoints with "
+          "the longer ttl must come first (in the order tools, system, messages)");
   std::string choice = "auto";
   std::string forced_name;
   bool single = false;
@@ -393,7 +405,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     const Json& oc = body["output_config"];
     if (!oc.is_object()) return InvalidRequest("output_config: expected an object");
     if (oc.contains("format") && !oc["format"].is_null())
-      return InvalidRequest("output_config.format: structured outputs are not supported by this server; remove the field");
+      return InvalidRequest(
+          "output_config.format: structured outputs are not supported by this server; remove the field");
     if (oc.contains("effort") && !oc["effort"].is_null()) {
       effort = oc["effort"].is_string() ? oc["effort"].get<std::string>() : "";
       if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" && effort != "max")
@@ -409,7 +422,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       return InvalidRequest("thinking: expected an object with a \"type\"");
     const std::string type = th["type"].get<std::string>();
     if (type == "enabled") {
-      if (!th.contains("budget_tokens") || !th["budget_tokens"].is_number_integer() || th["budget_tokens"].get<int64_t>() < 1)
+      if (!th.contains("budget_tokens") || !th["budget_tokens"].is_number_integer() ||
+          th["budget_tokens"].get<int64_t>() < 1)
         return InvalidRequest("thinking.budget_tokens: expected an integer >= 1");
       budget = th["budget_tokens"].get<int64_t>();
       if (max_tokens > 0 && budget >= max_tokens)
@@ -426,7 +440,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     opts->thinking_omitted = display == "omitted";
   }
   if (budget > 0 && (choice == "any" || choice == "tool"))
-    return InvalidRequest("tool_choice: \"" + choice + "\" cannot be used with thinking; use \"auto\" or disable thinking");
+    return InvalidRequest("tool_choice: \"" + choice +
+                          "\" cannot be used with thinking; use \"auto\" or disable thinking");
   if (req->render.continue_final) budget = 0;  // a prefilled answer is continued as is
   req->thinking_budget = budget;
 
@@ -447,8 +462,10 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   }
   const Json* context_management = nullptr;
   if (auto e = OptObject(body, "context_management", "", &context_management)) return e;
-  if (context_management != nullptr && context_management->contains("edits") && !(*context_management)["edits"].is_array())
-    return InvalidRequest("context_management.edits: expected an array, got " + JsonTypeName((*context_management)["edits"]));
+  if (context_management != nullptr && context_management->contains("edits") &&
+      !(*context_management)["edits"].is_array())
+    return InvalidRequest("context_management.edits: expected an array, got " +
+                          JsonTypeName((*context_management)["edits"]));
   std::string service_tier;
   if (auto e = OptString(body, "service_tier", "", &service_tier)) return e;
   if (body.contains("mcp_servers") && body["mcp_servers"].is_array() && !body["mcp_servers"].empty())
@@ -465,7 +482,9 @@ std::string AnthropicWriter::Sse(const char* event, const Json& data) {
   return std::string("event: ") + event + "\ndata: " + Dump(data) + "\n\n";
 }
 
-std::string AnthropicWriter::Ping() { return Sse("ping", {{"type", "ping"}}); }
+std::string AnthropicWriter::Ping() {
+  return Sse("ping", {{"type", "ping"}});
+}
 
 std::string AnthropicWriter::Start() {
   Json msg = Message();
@@ -478,8 +497,9 @@ std::string AnthropicWriter::OpenBlock(Block b, Json start) {
   std::string out = CloseBlock();
   open_ = b;
   content_.push_back(start);
-  return out + Sse("content_block_start",
-                   {{"type", "content_block_start"}, {"index", content_.size() - 1}, {"content_block", std::move(start)}});
+  return out +
+         Sse("content_block_start",
+             {{"type", "content_block_start"}, {"index", content_.size() - 1}, {"content_block", std::move(start)}});
 }
 
 std::string AnthropicWriter::CloseBlock() {
@@ -526,12 +546,14 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
       break;
     }
     case StreamEvent::Kind::kToolCall: {
-      Json start = {{"type", "tool_use"}, {"id", RandomId("toolu_")}, {"name", ev.call.name}, {"input", Json::object()}};
+      Json start = {
+          {"type", "tool_use"}, {"id", RandomId("toolu_")}, {"name", ev.call.name}, {"input", Json::object()}};
       out += OpenBlock(Block::kToolUse, start);
       content_.back()["input"] = ev.call.arguments;
-      out += Sse("content_block_delta", {{"type", "content_block_delta"},
-                                         {"index", content_.size() - 1},
-                                         {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(ev.call.arguments)}}}});
+      out += Sse("content_block_delta",
+                 {{"type", "content_block_delta"},
+                  {"index", content_.size() - 1},
+                  {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(ev.call.arguments)}}}});
       out += CloseBlock();
       break;
     }
@@ -543,10 +565,18 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
       cache_creation_1h_tokens_ = ev.cache_creation_1h_tokens;
       switch (ev.finish) {
         case FinishReason::kEndTurn:
-        case FinishReason::kCancelled: stop_reason_ = "end_turn"; break;
-        case FinishReason::kMaxTokens: stop_reason_ = "max_tokens"; break;
-        case FinishReason::kStopSequence: stop_reason_ = "stop_sequence"; break;
-        case FinishReason::kToolUse: stop_reason_ = "tool_use"; break;
+        case FinishReason::kCancelled:
+          stop_reason_ = "end_turn";
+          break;
+        case FinishReason::kMaxTokens:
+          stop_reason_ = "max_tokens";
+          break;
+        case FinishReason::kStopSequence:
+          stop_reason_ = "stop_sequence";
+          break;
+        case FinishReason::kToolUse:
+          stop_reason_ = "tool_use";
+          break;
       }
       if (ev.finish == FinishReason::kStopSequence) stop_sequence_ = ev.stop_sequence;
       out += Sse("message_delta", {{"type", "message_delta"},
@@ -556,7 +586,8 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
       break;
     }
     case StreamEvent::Kind::kError:
-      out += Sse("error", {{"type", "error"}, {"error", {{"type", AnthropicErrorName(ev.error.type)}, {"message", ev.error.message}}}});
+      out += Sse("error", {{"type", "error"},
+                           {"error", {{"type", AnthropicErrorName(ev.error.type)}, {"message", ev.error.message}}}});
       break;
   }
   return out;
@@ -580,7 +611,8 @@ Json AnthropicWriter::Usage() const {
           {"cache_creation_input_tokens", creation},
           {"cache_read_input_tokens", cache_read_tokens_},
           {"cache_creation",
-           {{"ephemeral_5m_input_tokens", cache_creation_5m_tokens_}, {"ephemeral_1h_input_tokens", cache_creation_1h_tokens_}}},
+           {{"ephemeral_5m_input_tokens", cache_creation_5m_tokens_},
+            {"ephemeral_1h_input_tokens", cache_creation_1h_tokens_}}},
           {"output_tokens", output_tokens_}};
 }
 

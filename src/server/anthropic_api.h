@@ -2,10 +2,9 @@
 // (one JSON message, or the SSE event sequence). docs/api.md lists every field and its status.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 #include "server/chat_session.h"
@@ -14,7 +13,7 @@ namespace mr::server {
 
 struct AnthropicOptions {
   bool stream = false;
-  std::string model;  // echoed in responses (any id maps to the served model)
+  std::string model;              // echoed in responses (any id maps to the served model)
   bool thinking_omitted = false;  // thinking.display == "omitted": blocks carry no text
 };
 

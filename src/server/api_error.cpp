@@ -26,28 +26,44 @@ std::string DumpWireJson(const nlohmann::ordered_json& j) {
 
 int HttpStatus(ApiErrorType t) {
   switch (t) {
-    case ApiErrorType::kInvalidRequest: return 400;
-    case ApiErrorType::kAuthentication: return 401;
-    case ApiErrorType::kPermission: return 403;
-    case ApiErrorType::kNotFound: return 404;
-    case ApiErrorType::kRequestTooLarge: return 413;
-    case ApiErrorType::kRateLimit: return 429;
-    case ApiErrorType::kApi: return 500;
-    case ApiErrorType::kOverloaded: return 529;
+    case ApiErrorType::kInvalidRequest:
+      return 400;
+    case ApiErrorType::kAuthentication:
+      return 401;
+    case ApiErrorType::kPermission:
+      return 403;
+    case ApiErrorType::kNotFound:
+      return 404;
+    case ApiErrorType::kRequestTooLarge:
+      return 413;
+    case ApiErrorType::kRateLimit:
+      return 429;
+    case ApiErrorType::kApi:
+      return 500;
+    case ApiErrorType::kOverloaded:
+      return 529;
   }
   return 500;
 }
 
 const char* AnthropicErrorName(ApiErrorType t) {
   switch (t) {
-    case ApiErrorType::kInvalidRequest: return "invalid_request_error";
-    case ApiErrorType::kAuthentication: return "authentication_error";
-    case ApiErrorType::kPermission: return "permission_error";
-    case ApiErrorType::kNotFound: return "not_found_error";
-    case ApiErrorType::kRequestTooLarge: return "request_too_large";
-    case ApiErrorType::kRateLimit: return "rate_limit_error";
-    case ApiErrorType::kApi: return "api_error";
-    case ApiErrorType::kOverloaded: return "overloaded_error";
+    case ApiErrorType::kInvalidRequest:
+      return "invalid_request_error";
+    case ApiErrorType::kAuthentication:
+      return "authentication_error";
+    case ApiErrorType::kPermission:
+      return "permission_error";
+    case ApiErrorType::kNotFound:
+      return "not_found_error";
+    case ApiErrorType::kRequestTooLarge:
+      return "request_too_large";
+    case ApiErrorType::kRateLimit:
+      return "rate_limit_error";
+    case ApiErrorType::kApi:
+      return "api_error";
+    case ApiErrorType::kOverloaded:
+      return "overloaded_error";
   }
   return "api_error";
 }
@@ -62,10 +78,17 @@ std::string OpenAIErrorBody(const ApiError& e) {
   // OpenAI's own type strings for the statuses it uses; the rest keep Anthropic's names.
   const char* type = AnthropicErrorName(e.type);
   switch (e.type) {
-    case ApiErrorType::kRateLimit: type = "rate_limit_exceeded"; break;
-    case ApiErrorType::kApi: type = "server_error"; break;
-    case ApiErrorType::kRequestTooLarge: type = "invalid_request_error"; break;
-    default: break;
+    case ApiErrorType::kRateLimit:
+      type = "rate_limit_exceeded";
+      break;
+    case ApiErrorType::kApi:
+      type = "server_error";
+      break;
+    case ApiErrorType::kRequestTooLarge:
+      type = "invalid_request_error";
+      break;
+    default:
+      break;
   }
   nlohmann::ordered_json j = {
       {"error", {{"message", e.message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};

@@ -2,9 +2,8 @@
 // format maps it to its status and body once (anthropic_api.cpp, openai_api.cpp).
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 namespace mr::server {
 
@@ -25,7 +24,9 @@ struct ApiError {
   int retry_after_s = 0;  // > 0: sent as the retry-after header (429, 529)
 };
 
-inline ApiError InvalidRequest(std::string m) { return {ApiErrorType::kInvalidRequest, std::move(m)}; }
+inline ApiError InvalidRequest(std::string m) {
+  return {ApiErrorType::kInvalidRequest, std::move(m)};
+}
 
 int HttpStatus(ApiErrorType t);
 // Anthropic's error.type string ("invalid_request_error", ...).

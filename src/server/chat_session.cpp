@@ -18,9 +18,12 @@ size_t CompleteUtf8Prefix(std::string_view s) {
   if (i == 0) return back == 0 ? 0 : s.size();  // only continuation bytes: pass them on
   const unsigned char lead = static_cast<unsigned char>(s[i - 1]);
   size_t need = 1;
-  if (lead >= 0xF0) need = 4;
-  else if (lead >= 0xE0) need = 3;
-  else if (lead >= 0xC0) need = 2;
+  if (lead >= 0xF0)
+    need = 4;
+  else if (lead >= 0xE0)
+    need = 3;
+  else if (lead >= 0xC0)
+    need = 2;
   if (need == 1) return s.size();
   return back + 1 >= need ? s.size() : i - 1;
 }
@@ -61,8 +64,8 @@ std::vector<TokenId> EncodePrompt(const ServedModel& sm, const RenderedChat& r, 
 }
 
 RenderedChat RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const CacheCut& cut) {
-  std::vector<ChatMessage> msgs(req.messages.begin(),
-                                req.messages.begin() + static_cast<ptrdiff_t>(std::min(cut.n_messages, req.messages.size())));
+  std::vector<ChatMessage> msgs(req.messages.begin(), req.messages.begin() + static_cast<ptrdiff_t>(std::min(
+                                                                                 cut.n_messages, req.messages.size())));
   if (cut.partial) msgs.push_back(*cut.partial);
   ChatRenderOptions opts = req.render;
   opts.assistant_prefix.clear();
@@ -123,7 +126,8 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
         }
       }
     }
-    const std::vector<TokenId> cut_tokens = EncodePrompt(sm, cut_render, restart ? from_char : 0, /*add_special=*/!restart);
+    const std::vector<TokenId> cut_tokens =
+        EncodePrompt(sm, cut_render, restart ? from_char : 0, /*add_special=*/!restart);
     size_t end = from_token;
     for (size_t i = 0; i < cut_tokens.size() && end < prompt.size() && cut_tokens[i] == prompt[end]; ++i) ++end;
     if (end == 0) continue;
@@ -154,14 +158,15 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   // take gigabytes in BPE).
   const size_t max_bytes = static_cast<size_t>(std::max<int64_t>(sm.n_ctx, 1)) * 16;
   if (rendered.text.size() > max_bytes)
-    return InvalidRequest("prompt is too long: " + std::to_string(rendered.text.size()) + " bytes of text cannot fit a " +
-                          std::to_string(sm.n_ctx) + "-token context");
+    return InvalidRequest("prompt is too long: " + std::to_string(rendered.text.size()) +
+                          " bytes of text cannot fit a " + std::to_string(sm.n_ctx) + "-token context");
   out->prompt = EncodePrompt(sm, rendered, 0, /*add_special=*/true);
   const int64_t n = static_cast<int64_t>(out->prompt.size());
   const int64_t max_prompt = sm.n_ctx - 1;
   if (!for_generation) return std::nullopt;
   if (n > max_prompt)
-    return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) + " maximum");
+    return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) +
+                          " maximum");
   if (n == 0) return InvalidRequest("the prompt is empty");
   out->cache_breakpoints = MapCacheCuts(sm, req, rendered, out->prompt);
   const int64_t room = sm.n_ctx - n;
@@ -207,9 +212,15 @@ struct Session {
     for (ParsedEvent& e : events) {
       StreamEvent ev;
       switch (e.kind) {
-        case ParsedEvent::Kind::kText: ev.kind = StreamEvent::Kind::kText; break;
-        case ParsedEvent::Kind::kReasoning: ev.kind = StreamEvent::Kind::kReasoning; break;
-        case ParsedEvent::Kind::kToolCall: ev.kind = StreamEvent::Kind::kToolCall; break;
+        case ParsedEvent::Kind::kText:
+          ev.kind = StreamEvent::Kind::kText;
+          break;
+        case ParsedEvent::Kind::kReasoning:
+          ev.kind = StreamEvent::Kind::kReasoning;
+          break;
+        case ParsedEvent::Kind::kToolCall:
+          ev.kind = StreamEvent::Kind::kToolCall;
+          break;
       }
       ev.text = std::move(e.text);
       ev.call = std::move(e.call);
@@ -285,7 +296,8 @@ struct Session {
     } else {
       ev.finish = FinishReason::kEndTurn;
     }
-    MR_LOGI("server", "request done: %lld prompt tokens (%lld reused), %lld output tokens, prefill %.2f s, decode %.2f s",
+    MR_LOGI("server",
+            "request done: %lld prompt tokens (%lld reused), %lld output tokens, prefill %.2f s, decode %.2f s",
             (long long)r->prompt_tokens, (long long)r->reused_tokens, (long long)r->output_tokens, r->prefill_s,
             r->decode_s);
     channel->Push(std::move(ev));

@@ -5,13 +5,13 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -39,7 +39,7 @@ struct CacheCut {
 struct ChatRequest {
   std::vector<ChatMessage> messages;
   std::vector<CacheCut> cache_cuts;  // in request order (tools, system, messages); at most 4
-  ChatRenderOptions render;      // tools, system suffix, assistant prefix, continue_final
+  ChatRenderOptions render;          // tools, system suffix, assistant prefix, continue_final
   bool parse_tool_calls = false;
   bool single_tool_call = false;  // stop after the first complete call
   std::string tool_call_prefill;  // a forced call's opening (also at the end of render.assistant_prefix)
@@ -56,7 +56,7 @@ struct ServedModel {
   Model* model = nullptr;
   Engine* engine = nullptr;
   ServerMetrics* metrics = nullptr;  // optional
-  std::string id;  // the name clients see (catalog name or file stem)
+  std::string id;                    // the name clients see (catalog name or file stem)
   ChatFamily family = ChatFamily::kChatML;
   SamplingParams default_sampling;
   int64_t n_ctx = 0;
@@ -99,7 +99,8 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
 // when `for_generation`, a prompt longer than the context (400 "prompt is too long: N tokens >
 // M maximum"). max_tokens
 // beyond the context is clamped, never refused.
-std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation = true);
+std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out,
+                                    bool for_generation = true);
 
 enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancelled };
 

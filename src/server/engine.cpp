@@ -15,7 +15,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // The prefix cache's configuration key: the model file and everything that changes arithmetic.
 uint64_t CacheConfigKey(const Model& m) {
@@ -37,10 +39,14 @@ uint64_t CacheConfigKey(const Model& m) {
 
 const char* EngineStateName(EngineState s) {
   switch (s) {
-    case EngineState::kLoading: return "loading";
-    case EngineState::kReady: return "ready";
-    case EngineState::kDraining: return "draining";
-    case EngineState::kStopping: return "stopping";
+    case EngineState::kLoading:
+      return "loading";
+    case EngineState::kReady:
+      return "ready";
+    case EngineState::kDraining:
+      return "draining";
+    case EngineState::kStopping:
+      return "stopping";
   }
   return "?";
 }
@@ -50,7 +56,7 @@ struct Engine::Impl {
     Slot(Model& m, int64_t n_ctx) : seq(m, n_ctx) {}
     Sequence seq;
     std::unique_ptr<Drafter> drafter;  // null: plain decoding
-    std::shared_ptr<EngineJob> job;  // null: free
+    std::shared_ptr<EngineJob> job;    // null: free
     sched::SeqId id = 0;
     Clock::time_point submitted, last_token;
     bool got_token = false;
@@ -113,7 +119,7 @@ struct Engine::Impl {
   Model& model;
   const EngineOptions opts;
   ServerMetrics* metrics;
-  std::unique_ptr<PrefixCache> cache;  // engine thread
+  std::unique_ptr<PrefixCache> cache;        // engine thread
   std::vector<std::unique_ptr<Slot>> slots;  // engine thread; created on demand, up to max_active
   std::vector<Model::BatchSeq> batch;
   std::vector<Entry> entries;
@@ -254,7 +260,8 @@ EngineStatus Engine::Status() const {
   if (im.token_window.size() >= 2) {
     int64_t tokens = 0;
     for (size_t i = 1; i < im.token_window.size(); ++i) tokens += im.token_window[i].second;
-    const double span = std::chrono::duration<double>(im.token_window.back().first - im.token_window.front().first).count();
+    const double span =
+        std::chrono::duration<double>(im.token_window.back().first - im.token_window.front().first).count();
     if (span > 0) s.decode_tokens_per_s = static_cast<double>(tokens) / span;
   }
   s.prefix_cache_bytes = im.cache_bytes;
@@ -277,7 +284,8 @@ void Engine::Impl::WarmUp() {
   spec.drafter = drafter.get();
   spec.draft_tokens = opts.draft_tokens;
   spec.adaptive = opts.draft_adaptive;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.warm_up_s));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.warm_up_s));
   const auto t0 = Clock::now();
   auto r = g.WarmUp(spec, drafter != nullptr ? 32 : 8, [this, deadline] {
     if (Clock::now() >= deadline) return true;
@@ -356,7 +364,8 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
     sched.Prefilled(id, s->seq.stats().reused_tokens);
     sched.SetSpecRows(id, s->seq.wanted_draft_rows());
   }
-  if (s->job->on_start) s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
+  if (s->job->on_start)
+    s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
 }
 
 JobResult Engine::Impl::CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens) {
@@ -381,8 +390,10 @@ JobResult Engine::Impl::CacheUsage(const EngineJob& job, int64_t prompt_tokens, 
 bool Engine::Impl::OnToken(Slot& s, TokenId t) {
   const auto now = Clock::now();
   if (metrics) {
-    if (!s.got_token) metrics->ttft_s.Observe(std::chrono::duration<double>(now - s.submitted).count());
-    else metrics->itl_s.Observe(std::chrono::duration<double>(now - s.last_token).count());
+    if (!s.got_token)
+      metrics->ttft_s.Observe(std::chrono::duration<double>(now - s.submitted).count());
+    else
+      metrics->itl_s.Observe(std::chrono::duration<double>(now - s.last_token).count());
   }
   s.got_token = true;
   s.last_token = now;
@@ -410,7 +421,8 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
     if (cancelled) {
       ++metrics->cancellations;
       const int64_t at = job->cancelled_at_ns.load();
-      if (at > 0) metrics->cancel_release_s.Observe(static_cast<double>(Clock::now().time_since_epoch().count() - at) * 1e-9);
+      if (at > 0)
+        metrics->cancel_release_s.Observe(static_cast<double>(Clock::now().time_since_epoch().count() - at) * 1e-9);
     }
   }
   if (!error.ok()) {
@@ -442,7 +454,8 @@ void Engine::Impl::Step(const sched::Plan& plan) {
     if (s == nullptr || s->seq.done()) continue;
     // Tokens injected by a continuation are prefilled in the sequence's decode turn.
     int64_t max_rows = w.rows;
-    if (!w.prefill && s->seq.prefilling()) max_rows = std::max<int64_t>(w.rows, std::min<int64_t>(s->seq.prefill_left(), 32));
+    if (!w.prefill && s->seq.prefilling())
+      max_rows = std::max<int64_t>(w.rows, std::min<int64_t>(s->seq.prefill_left(), 32));
     const bool prefill = w.prefill && s->seq.prefilling();
     Result<Sequence::StepRows> r = mr::Status::Ok();
     try {
@@ -537,7 +550,8 @@ void Engine::Impl::FinishStep(double step_s, int64_t generated, int64_t prefille
   }
   const auto now = Clock::now();
   token_window.emplace_back(now, generated);
-  while (token_window.size() > 2 && now - token_window.front().first > std::chrono::seconds(10)) token_window.pop_front();
+  while (token_window.size() > 2 && now - token_window.front().first > std::chrono::seconds(10))
+    token_window.pop_front();
 }
 
 void Engine::Impl::Publish() {
@@ -569,9 +583,8 @@ void Engine::Impl::Loop() {
     starting.clear();
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
-        return state == EngineState::kStopping || abort || sched.active() > 0 || sched.queued() > 0;
-      });
+      cv.wait_for(lock, std::chrono::milliseconds(200),
+                  [&] { return state == EngineState::kStopping || abort || sched.active() > 0 || sched.queued() > 0; });
       if (state == EngineState::kStopping) break;
       if (abort) {
         lock.unlock();

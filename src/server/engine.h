@@ -36,8 +36,8 @@ namespace mr::server {
 
 // An Anthropic cache_control breakpoint: the prompt prefix [0, end) is to be cached.
 struct CacheBreakpoint {
-  int64_t end = 0;         // tokens
-  bool one_hour = false;   // ttl "1h" (else "5m")
+  int64_t end = 0;        // tokens
+  bool one_hour = false;  // ttl "1h" (else "5m")
 };
 
 struct JobResult {
@@ -45,23 +45,23 @@ struct JobResult {
   int64_t reused_tokens = 0;  // prompt tokens whose KV was reused (prefix cache or slot)
   // Anthropic prompt-caching usage, from what happened in the cache; with input_tokens =
   // prompt_tokens - cache_read - cache_creation_5m - cache_creation_1h they sum to the prompt.
-  int64_t cache_read_tokens = 0;        // = reused_tokens
-  int64_t cache_creation_5m_tokens = 0; // evaluated and stored under a 5m breakpoint
-  int64_t cache_creation_1h_tokens = 0; // evaluated and stored under a 1h breakpoint
-  int64_t output_tokens = 0;  // generated + injected by continuations
+  int64_t cache_read_tokens = 0;         // = reused_tokens
+  int64_t cache_creation_5m_tokens = 0;  // evaluated and stored under a 5m breakpoint
+  int64_t cache_creation_1h_tokens = 0;  // evaluated and stored under a 1h breakpoint
+  int64_t output_tokens = 0;             // generated + injected by continuations
   StopCause stop = StopCause::kMaxTokens;
-  double queue_s = 0.0;       // submit -> slot
-  double prefill_s = 0.0;     // slot -> first generated token
+  double queue_s = 0.0;    // submit -> slot
+  double prefill_s = 0.0;  // slot -> first generated token
   double decode_s = 0.0;
-  int64_t generated = 0;      // tokens the decode loop produced (output_tokens less injected)
-  int64_t drafted = 0;        // speculative drafts verified
-  int64_t accepted = 0;       // of them accepted
+  int64_t generated = 0;                          // tokens the decode loop produced (output_tokens less injected)
+  int64_t drafted = 0;                            // speculative drafts verified
+  int64_t accepted = 0;                           // of them accepted
   std::vector<int64_t> proposed_at, accepted_at;  // per draft position (GenerateStats)
 };
 
 struct EngineJob {
   std::vector<TokenId> prompt;
-  GenerateParams params;  // params.max_tokens bounds generated + injected tokens
+  GenerateParams params;                           // params.max_tokens bounds generated + injected tokens
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end; may be empty
   // Engine thread: each generated token; false stops this generation.
   std::function<bool(TokenId)> on_token;
@@ -79,19 +79,18 @@ struct EngineJob {
   // Any thread: cancels the job (the engine drops it at its next step) and records when, so
   // the time from cancellation to release can be measured.
   void Cancel() {
-    if (!cancelled.exchange(true))
-      cancelled_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (!cancelled.exchange(true)) cancelled_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
   }
   std::atomic<int64_t> cancelled_at_ns{0};
 };
 
 struct EngineOptions {
-  int64_t n_ctx = 4096;             // per sequence
-  int max_active = 8;               // sequences decoding together (KV slots)
-  int max_queued = 16;              // waiting for a slot; beyond: 429
-  int64_t max_queued_tokens = 1 << 20;  // prompt tokens waiting; beyond: 529
-  int64_t step_rows = 64;           // rows per engine step, all sequences together
-  int64_t prefill_chunk = 256;      // rows one sequence prefills per step (cancellation point)
+  int64_t n_ctx = 4096;                         // per sequence
+  int max_active = 8;                           // sequences decoding together (KV slots)
+  int max_queued = 16;                          // waiting for a slot; beyond: 429
+  int64_t max_queued_tokens = 1 << 20;          // prompt tokens waiting; beyond: 529
+  int64_t step_rows = 64;                       // rows per engine step, all sequences together
+  int64_t prefill_chunk = 256;                  // rows one sequence prefills per step (cancellation point)
   size_t prefix_cache_bytes = size_t{1} << 30;  // 0: no prefix cache
   // One short sampled generation (drafting when speculation is on) before accepting requests;
   // until it ends the engine is `loading` (/health 503, requests 529). At most warm_up_s, and it
@@ -122,7 +121,7 @@ struct EngineStatus {
   double decode_tokens_per_s = 0.0;  // over the last ~10 s
   size_t prefix_cache_bytes = 0;
   int64_t prefix_cache_blocks = 0;
-  size_t kv_bytes_in_use = 0;        // KV rows held by active sequences
+  size_t kv_bytes_in_use = 0;  // KV rows held by active sequences
 };
 const char* EngineStateName(EngineState s);
 

@@ -79,8 +79,8 @@ class EngineTest : public ::testing::Test {
 std::unique_ptr<Model> EngineTest::model_;
 
 TEST_F(EngineTest, ConcurrentSequencesMatchTheirSoloRuns) {
-  const std::vector<std::string> texts = {"The capital of France is", "def add(a, b):",
-                                          "Once upon a time there was a", "List three colours:"};
+  const std::vector<std::string> texts = {"The capital of France is", "def add(a, b):", "Once upon a time there was a",
+                                          "List three colours:"};
   std::vector<std::vector<TokenId>> solo;
   {
     Engine e(*model_, Options(4, 4));
@@ -117,7 +117,7 @@ TEST_F(EngineTest, AdmissionAndCancellationAtEveryStage) {
   ASSERT_EQ(e.Submit(a.job).admit, sched::Admit::kQueued);
   while (*a.seen < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a decodes
   ASSERT_EQ(e.Submit(b.job).admit, sched::Admit::kQueued);                        // b waits
-  const SubmitResult full = e.Submit(c.job);                                       // no room
+  const SubmitResult full = e.Submit(c.job);                                      // no room
   EXPECT_EQ(full.admit, sched::Admit::kQueueFull);
   EXPECT_GE(full.retry_after_s, 1);
   EXPECT_EQ(e.Status().active, 1);

@@ -58,7 +58,9 @@ void LogLong(const char* what, const std::string& text) {
 }
 
 // The requests counted in mererun_requests_total.
-bool IsGenerationPath(const std::string& path) { return path == "/v1/messages" || path == "/v1/chat/completions"; }
+bool IsGenerationPath(const std::string& path) {
+  return path == "/v1/messages" || path == "/v1/chat/completions";
+}
 
 Outcome OutcomeOfStatus(int status) {
   if (status == 429) return Outcome::kRateLimited;
@@ -69,7 +71,8 @@ Outcome OutcomeOfStatus(int status) {
 }
 
 void CountRequest(ServerMetrics* m, Api api, Outcome o) {
-  if (m != nullptr) m->requests[api == Api::kOpenAI ? 1 : 0][static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+  if (m != nullptr)
+    m->requests[api == Api::kOpenAI ? 1 : 0][static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
 }
 
 // One generation request's entry in mererun_requests_total, counted when the last owner lets go:
@@ -83,7 +86,7 @@ struct RequestCount {
   ServerMetrics* m;
   Api api;
   Outcome outcome = Outcome::kError;  // until the handler returns (it may throw)
-  std::shared_ptr<EngineJob> job;  // once submitted: a cancelled job means the client left
+  std::shared_ptr<EngineJob> job;     // once submitted: a cancelled job means the client left
 };
 
 bool IsLoopbackBind(const std::string& host) {
@@ -100,7 +103,8 @@ std::string Lower(std::string s) {
 }
 
 bool AllDigits(std::string_view s, size_t max_len) {
-  return !s.empty() && s.size() <= max_len && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return !s.empty() && s.size() <= max_len &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // 127.a.b.c with every part a decimal 0..255 (no leading zeros, which some resolvers read as octal).
@@ -182,8 +186,9 @@ struct HttpServer::Impl {
     std::tm tm{};
     gmtime_r(&t, &tm);
     std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return {{"type", "model"},         {"id", sm.id},          {"display_name", sm.id}, {"created_at", created},
-            {"object", "model"},       {"created", sm.created_unix}, {"owned_by", "mererun"}};
+    return {{"type", "model"},       {"id", sm.id},       {"display_name", sm.id},
+            {"created_at", created}, {"object", "model"}, {"created", sm.created_unix},
+            {"owned_by", "mererun"}};
   }
 
   // Submits the prepared chat; on error the response is already set.
@@ -344,8 +349,12 @@ struct HttpServer::Impl {
     const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
     const bool ready = st.state == EngineState::kReady;
     const char* status = ready ? "ok" : EngineStateName(st.state);
-    const Json body = {{"status", status},         {"model", sm.id},           {"active", st.active},
-                       {"queued", st.queued},      {"max_active", st.max_active}, {"max_queued", st.max_queued},
+    const Json body = {{"status", status},
+                       {"model", sm.id},
+                       {"active", st.active},
+                       {"queued", st.queued},
+                       {"max_active", st.max_active},
+                       {"max_queued", st.max_queued},
                        {"n_ctx", st.n_ctx},
                        {"speculation", {{"drafter", sm.drafter}, {"draft_tokens", sm.draft_tokens}}},
                        {"environment", sm.environment}};
@@ -361,7 +370,8 @@ struct HttpServer::Impl {
     MR_LOGI("http", "%s %s", req.method.c_str(), req.target.c_str());
     auto refuse = [&](const ApiError& e) {
       SetError(res, api, e);
-      if (req.method == "POST" && IsGenerationPath(req.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
+      if (req.method == "POST" && IsGenerationPath(req.path))
+        CountRequest(sm.metrics, api, OutcomeOfStatus(res.status));
       return true;
     };
     // DNS rebinding: a page whose name now resolves to 127.0.0.1 still sends its own name.
@@ -375,8 +385,8 @@ struct HttpServer::Impl {
     if (req.Has("Origin")) {
       const std::string origin = req.Header("Origin");
       if (!IsAllowedOrigin(origin, opts.allow_origins))
-        return refuse({ApiErrorType::kPermission,
-                       "requests from web pages (Origin '" + origin + "') are refused; serve --allow-origin ORIGIN allows one"});
+        return refuse({ApiErrorType::kPermission, "requests from web pages (Origin '" + origin +
+                                                      "') are refused; serve --allow-origin ORIGIN allows one"});
       res.SetHeader("Access-Control-Allow-Origin", origin);
       res.SetHeader("Vary", "Origin");
       if (req.method == "OPTIONS") {  // CORS preflight of an allowed origin
@@ -403,7 +413,8 @@ struct HttpServer::Impl {
       const std::string auth = req.Header("Authorization");
       const std::string bearer = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : std::string();
       if (!ApiKeyMatches(req.Header("x-api-key"), opts.api_key) && !ApiKeyMatches(bearer, opts.api_key))
-        return refuse({ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
+        return refuse(
+            {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
     }
     const bool post_route =
         req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" || req.path == "/v1/chat/completions";
@@ -428,8 +439,11 @@ struct HttpServer::Impl {
                          std::to_string(transport->open_connections()) + "\n",
                      "text/plain; version=0.0.4; charset=utf-8");
     } else if (req.path == "/v1/models") {
-      const Json body = {{"object", "list"},  {"data", Json::array({ModelEntry()})}, {"has_more", false},
-                         {"first_id", sm.id}, {"last_id", sm.id}};
+      const Json body = {{"object", "list"},
+                         {"data", Json::array({ModelEntry()})},
+                         {"has_more", false},
+                         {"first_id", sm.id},
+                         {"last_id", sm.id}};
       res.SetContent(body.dump(), "application/json");
     } else if (get_route) {
       res.SetContent(ModelEntry().dump(), "application/json");  // any id names the served model
@@ -472,7 +486,8 @@ struct HttpServer::Impl {
     SetError(res, api, e);
     res.status = status;
     res.SetHeader("request-id", RandomId("req_"));
-    if (partial.method == "POST" && IsGenerationPath(partial.path)) CountRequest(sm.metrics, api, OutcomeOfStatus(status));
+    if (partial.method == "POST" && IsGenerationPath(partial.path))
+      CountRequest(sm.metrics, api, OutcomeOfStatus(status));
   }
 
   void Setup() {
@@ -505,8 +520,12 @@ HttpServer::HttpServer(ServedModel sm, ServerOptions opts) : impl_(std::make_uni
 
 HttpServer::~HttpServer() = default;
 
-Status HttpServer::Run(const std::function<void(int port)>& on_listening) { return impl_->transport->Run(on_listening); }
+Status HttpServer::Run(const std::function<void(int port)>& on_listening) {
+  return impl_->transport->Run(on_listening);
+}
 
-void HttpServer::Stop() { impl_->transport->Stop(); }
+void HttpServer::Stop() {
+  impl_->transport->Stop();
+}
 
 }  // namespace mr::server

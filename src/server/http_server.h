@@ -31,9 +31,9 @@ struct ServerOptions {
   std::string api_key;  // empty: no key required
   size_t max_body_bytes = 32u << 20;
   size_t max_header_bytes = 64u << 10;
-  int ping_interval_ms = 3000;  // SSE ping while nothing else is written
-  int io_threads = 2;         // accept, parse, checks, /health; generation runs on workers
-  int max_connections = 512;  // open connections; one more gets an immediate 503
+  int ping_interval_ms = 3000;    // SSE ping while nothing else is written
+  int io_threads = 2;             // accept, parse, checks, /health; generation runs on workers
+  int max_connections = 512;      // open connections; one more gets an immediate 503
   int header_timeout_ms = 10000;  // the request head must arrive within this (slowloris)
   int body_timeout_ms = 60000;    // and the body within this
   int keep_alive_ms = 5000;       // an idle keep-alive connection is closed after this

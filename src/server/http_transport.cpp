@@ -1,6 +1,7 @@
 #include "server/http_transport.h"
 
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -14,7 +15,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <strings.h>
 #include <thread>
 
 #include "base/log.h"
@@ -49,7 +49,8 @@ std::string SerializeHead(const HttpResponse& res, bool keep_alive, bool chunked
     AppendClean(&out, res.content_type);
     out += "\r\n";
   }
-  out += chunked ? std::string("Transfer-Encoding: chunked\r\n") : "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
+  out += chunked ? std::string("Transfer-Encoding: chunked\r\n")
+                 : "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
   for (const auto& [k, v] : res.headers) {
     AppendClean(&out, k);
     out += ": ";
@@ -169,8 +170,8 @@ struct HttpTransport::Impl : std::enable_shared_from_this<Impl> {
   std::atomic<bool> stopping{false};
   std::mutex mu;
   std::condition_variable cv;
-  int workers = 0;              // guarded by mu
-  std::set<int> worker_fds;     // sockets that workers write to; guarded by mu
+  int workers = 0;           // guarded by mu
+  std::set<int> worker_fds;  // sockets that workers write to; guarded by mu
 
   void Accept();
   void RefuseConnection(tcp::socket socket);
@@ -214,8 +215,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Refuse(431, "request headers exceed " + std::to_string(impl_->opts.max_header_bytes) + " bytes");
     if (ec == http::error::body_limit)
       return Refuse(413, "the request body exceeds " + std::to_string(impl_->opts.max_body_bytes) + " bytes");
-    if (ec.category() == http::make_error_code(http::error::end_of_stream).category() && ec != http::error::end_of_stream &&
-        ec != http::error::partial_message)
+    if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message)
       return Refuse(400, "malformed HTTP request: " + ec.message());
     if (ec == beast::error::timeout) MR_LOGI("http", "closing a connection that did not send its request in time");
     LingeringClose(stream_);
@@ -276,9 +277,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void WriteAsync(const HttpResponse& res) {
     auto data = std::make_shared<std::string>(SerializeResponse(res, keep_alive_));
     stream_->expires_after(impl_->opts.write_timeout);
-    net::async_write(*stream_, net::buffer(*data), [self = shared_from_this(), data](beast::error_code ec, size_t) {
-      self->AfterResponse(!ec);
-    });
+    net::async_write(*stream_, net::buffer(*data),
+                     [self = shared_from_this(), data](beast::error_code ec, size_t) { self->AfterResponse(!ec); });
   }
 
   void AfterResponse(bool ok) {
@@ -393,9 +393,13 @@ HttpTransport::HttpTransport(TransportOptions opts, Handlers handlers) : impl_(s
   impl_->handlers = std::move(handlers);
 }
 
-HttpTransport::~HttpTransport() { Stop(std::chrono::milliseconds(0)); }
+HttpTransport::~HttpTransport() {
+  Stop(std::chrono::milliseconds(0));
+}
 
-int HttpTransport::open_connections() const { return impl_->connections.load(); }
+int HttpTransport::open_connections() const {
+  return impl_->connections.load();
+}
 
 Status HttpTransport::Run(const std::function<void(int port)>& on_listening) {
   Impl& im = *impl_;

@@ -62,7 +62,7 @@ struct HttpResponse {
 
 struct TransportOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;          // 0: any free port
+  int port = 8080;  // 0: any free port
   int io_threads = 2;
   int max_connections = 512;  // open connections; one more is answered 503 and closed
   size_t max_header_bytes = 64u << 10;

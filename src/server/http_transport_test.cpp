@@ -34,7 +34,9 @@ class Client {
   }
   ~Client() { close(fd_); }
   bool connected() const { return connected_; }
-  bool Send(const std::string& s) { return send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size()); }
+  bool Send(const std::string& s) {
+    return send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+  }
   // Reads until `until` appears in what was read, the peer closes, or `timeout` passes.
   std::string ReadUntil(const std::string& until, std::chrono::milliseconds timeout = 5000ms) {
     const auto deadline = Clock::now() + timeout;

@@ -11,7 +11,9 @@ bool HasType(const Json& v, const std::string& type) {
   if (type == "object") return v.is_object();
   if (type == "array") return v.is_array();
   if (type == "string") return v.is_string();
-  if (type == "integer") return v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())));
+  if (type == "integer")
+    return v.is_number_integer() ||
+           (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())));
   if (type == "number") return v.is_number();
   if (type == "boolean") return v.is_boolean();
   if (type == "null") return v.is_null();
@@ -55,8 +57,7 @@ Status Check(const Json& v, const Json& schema, const std::string& path) {
   }
   if (v.is_array()) {
     if (auto it = schema.find("items"); it != schema.end() && it->is_object()) {
-      for (size_t i = 0; i < v.size(); ++i)
-        MR_RETURN_IF_ERROR(Check(v[i], *it, path + "[" + std::to_string(i) + "]"));
+      for (size_t i = 0; i < v.size(); ++i) MR_RETURN_IF_ERROR(Check(v[i], *it, path + "[" + std::to_string(i) + "]"));
     }
   }
   return Status::Ok();
@@ -64,6 +65,8 @@ Status Check(const Json& v, const Json& schema, const std::string& path) {
 
 }  // namespace
 
-Status ValidateJsonSchema(const Json& value, const Json& schema) { return Check(value, schema, "$"); }
+Status ValidateJsonSchema(const Json& value, const Json& schema) {
+  return Check(value, schema, "$");
+}
 
 }  // namespace mr::server

@@ -12,12 +12,18 @@ namespace mr::server {
 
 const char* OutcomeName(Outcome o) {
   switch (o) {
-    case Outcome::kOk: return "ok";
-    case Outcome::kCancelled: return "cancelled";
-    case Outcome::kInvalid: return "invalid";
-    case Outcome::kRateLimited: return "rate_limited";
-    case Outcome::kOverloaded: return "overloaded";
-    case Outcome::kError: return "error";
+    case Outcome::kOk:
+      return "ok";
+    case Outcome::kCancelled:
+      return "cancelled";
+    case Outcome::kInvalid:
+      return "invalid";
+    case Outcome::kRateLimited:
+      return "rate_limited";
+    case Outcome::kOverloaded:
+      return "overloaded";
+    case Outcome::kError:
+      return "error";
   }
   return "?";
 }
@@ -123,7 +129,8 @@ std::string RenderPrometheus(const ServerMetrics& m, const EngineStatus& e) {
   w.Gauge("mererun_queued_requests", "Requests waiting for a slot.", e.queued);
   w.Gauge("mererun_decode_tokens_per_second", "Decode throughput over the last seconds.", e.decode_tokens_per_s);
   w.Gauge("mererun_prefix_cache_bytes", "Bytes held by the prefix cache.", static_cast<double>(e.prefix_cache_bytes));
-  w.Gauge("mererun_prefix_cache_blocks", "Blocks held by the prefix cache.", static_cast<double>(e.prefix_cache_blocks));
+  w.Gauge("mererun_prefix_cache_blocks", "Blocks held by the prefix cache.",
+          static_cast<double>(e.prefix_cache_blocks));
   w.Gauge("mererun_kv_bytes_in_use", "KV bytes held by active sequences.", static_cast<double>(e.kv_bytes_in_use));
   w.Gauge("mererun_ready", "1 when the engine accepts requests.", e.state == EngineState::kReady ? 1 : 0);
   w.Gauge("mererun_resident_memory_bytes", "Resident set size of the process.", static_cast<double>(ResidentBytes()));

@@ -15,7 +15,7 @@ namespace mr::server {
 // A Prometheus histogram with fixed upper bounds (seconds).
 class Histogram {
  public:
-  static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+  static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
                                                      1.0,   2.5,  5.0,   10.0, 30.0, 60.0, 120.0};
   void Observe(double v) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -50,18 +50,18 @@ const char* OutcomeName(Outcome o);
 struct ServerMetrics {
   // [api][outcome]; api 0 = anthropic, 1 = openai.
   std::atomic<uint64_t> requests[2][kOutcomes] = {};
-  std::atomic<uint64_t> prompt_tokens{0};      // prompt tokens of started generations
-  std::atomic<uint64_t> prefill_tokens{0};     // prompt tokens actually evaluated
-  std::atomic<uint64_t> cache_hit_tokens{0};   // prompt tokens whose KV was reused
+  std::atomic<uint64_t> prompt_tokens{0};     // prompt tokens of started generations
+  std::atomic<uint64_t> prefill_tokens{0};    // prompt tokens actually evaluated
+  std::atomic<uint64_t> cache_hit_tokens{0};  // prompt tokens whose KV was reused
   std::atomic<uint64_t> generated_tokens{0};
-  std::atomic<uint64_t> spec_drafted{0};       // speculative draft tokens verified
+  std::atomic<uint64_t> spec_drafted{0};  // speculative draft tokens verified
   std::atomic<uint64_t> spec_accepted{0};
-  std::atomic<uint64_t> cancellations{0};      // sequences released because the client left
-  Histogram ttft_s;         // submit -> first generated token
-  Histogram itl_s;          // between consecutive generated tokens of one sequence
-  Histogram queue_wait_s;   // submit -> slot
-  Histogram cancel_release_s;  // cancel flag set -> KV and slot released
-  Histogram step_s;         // one engine step (all sequences)
+  std::atomic<uint64_t> cancellations{0};  // sequences released because the client left
+  Histogram ttft_s;                        // submit -> first generated token
+  Histogram itl_s;                         // between consecutive generated tokens of one sequence
+  Histogram queue_wait_s;                  // submit -> slot
+  Histogram cancel_release_s;              // cancel flag set -> KV and slot released
+  Histogram step_s;                        // one engine step (all sequences)
   std::atomic<uint64_t> started_unix{0};
 };
 

@@ -9,7 +9,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string Dump(const Json& j) { return DumpWireJson(j); }
+std::string Dump(const Json& j) {
+  return DumpWireJson(j);
+}
 
 const RequestLimits kLimits;
 
@@ -24,13 +26,14 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
     return InvalidRequest(where + ": at most " + std::to_string(kLimits.max_content_blocks) + " content parts");
   for (size_t k = 0; k < c.size(); ++k) {
     const Json& p = c[k];
-    const std::string type = p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>() : "";
+    const std::string type =
+        p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>() : "";
     if (type == "text" && p.contains("text") && p["text"].is_string()) {
       if (!out->empty()) *out += "\n\n";
       *out += p["text"].get<std::string>();
     } else if (type == "image_url" || type == "input_audio" || type == "file") {
-      return InvalidRequest(where + "[" + std::to_string(k) + "]: " + type + " content is not supported: model '" + sm.id +
-                            "' is text-only; send text parts");
+      return InvalidRequest(where + "[" + std::to_string(k) + "]: " + type + " content is not supported: model '" +
+                            sm.id + "' is text-only; send text parts");
     } else {
       return InvalidRequest(where + "[" + std::to_string(k) + "]: unsupported content part type \"" + type + "\"");
     }
@@ -40,7 +43,8 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
 
 }  // namespace
 
-std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& sm, ChatRequest* req, OpenAIOptions* opts) {
+std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& sm, ChatRequest* req,
+                                           OpenAIOptions* opts) {
   if (!body.is_object()) return InvalidRequest("the request body must be a JSON object");
   opts->model = sm.id;
   if (auto e = OptString(body, "model", "", &opts->model)) return e;
@@ -52,7 +56,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Json& m = msgs[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return InvalidRequest(where + ".role: field required");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return InvalidRequest(where + ".role: field required");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant" && role != "tool")
@@ -73,7 +78,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
         const Json& fn = tc["function"];
         ChatToolCall call;
         if (auto e = OptString(tc, "id", w, &call.id)) return e;
-        if (!fn.contains("name") || !fn["name"].is_string()) return InvalidRequest(w + ".function.name: field required");
+        if (!fn.contains("name") || !fn["name"].is_string())
+          return InvalidRequest(w + ".function.name: field required");
         call.name = fn["name"].get<std::string>();
         if (fn.contains("arguments")) {
           if (fn["arguments"].is_string()) {
@@ -123,7 +129,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     if (auto e = CheckStopSequences(req->stop_sequences, "stop", kLimits)) return e;
   }
   if (body.contains("temperature") && !body["temperature"].is_null()) {
-    if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0 || body["temperature"].get<double>() > 2)
+    if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0 ||
+        body["temperature"].get<double>() > 2)
       return InvalidRequest("temperature: expected a number between 0 and 2");
     req->temperature = body["temperature"].get<float>();
   }
@@ -146,7 +153,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   std::string format_type = "text";
   if (response_format != nullptr)
     if (auto e = OptString(*response_format, "type", "response_format", &format_type)) return e;
-  if (format_type != "text") return InvalidRequest("response_format: only {\"type\": \"text\"} is supported by this server");
+  if (format_type != "text")
+    return InvalidRequest("response_format: only {\"type\": \"text\"} is supported by this server");
   // Accepted and ignored, but of their documented type.
   const Json* metadata = nullptr;
   if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
@@ -167,7 +175,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     for (size_t i = 0; i < body["tools"].size(); ++i) {
       const Json& t = body["tools"][i];
       const std::string w = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || (t.contains("type") && t["type"] != "function") || !t.contains("function") || !t["function"].is_object())
+      if (!t.is_object() || (t.contains("type") && t["type"] != "function") || !t.contains("function") ||
+          !t["function"].is_object())
         return InvalidRequest(w + ": expected {\"type\": \"function\", \"function\": {...}}");
       const Json& fn = t["function"];
       if (!fn.contains("name") || !fn["name"].is_string()) return InvalidRequest(w + ".function.name: field required");
@@ -189,7 +198,8 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
       choice = tc.get<std::string>();
       if (choice != "auto" && choice != "none" && choice != "required")
         return InvalidRequest("tool_choice: expected \"auto\", \"none\", \"required\" or a function");
-    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name")) {
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name")) {
       choice = "function";
       forced = tc["function"]["name"].is_string() ? tc["function"]["name"].get<std::string>() : "";
       bool found = false;
@@ -219,19 +229,25 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
 }
 
 OpenAIWriter::OpenAIWriter(OpenAIOptions opts, int64_t input_tokens)
-    : opts_(std::move(opts)), id_(RandomId("chatcmpl-")), created_(static_cast<int64_t>(std::time(nullptr))),
+    : opts_(std::move(opts)),
+      id_(RandomId("chatcmpl-")),
+      created_(static_cast<int64_t>(std::time(nullptr))),
       input_tokens_(input_tokens) {}
 
 std::string OpenAIWriter::Chunk(Json delta, const Json& finish) const {
-  Json c = {{"id", id_},
-            {"object", "chat.completion.chunk"},
-            {"created", created_},
-            {"model", opts_.model},
-            {"choices", Json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+  Json c = {
+      {"id", id_},
+      {"object", "chat.completion.chunk"},
+      {"created", created_},
+      {"model", opts_.model},
+      {"choices",
+       Json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
   return "data: " + Dump(c) + "\n\n";
 }
 
-std::string OpenAIWriter::Start() { return Chunk({{"role", "assistant"}, {"content", ""}}, nullptr); }
+std::string OpenAIWriter::Start() {
+  return Chunk({{"role", "assistant"}, {"content", ""}}, nullptr);
+}
 
 std::string OpenAIWriter::Event(const StreamEvent& ev) {
   switch (ev.kind) {
@@ -246,7 +262,8 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
       return ev.text.empty() ? "" : Chunk({{"reasoning_content", ev.text}}, nullptr);
     case StreamEvent::Kind::kToolCall: {
       const std::string args = Dump(ev.call.arguments);
-      Json tc = {{"id", RandomId("call_")}, {"type", "function"}, {"function", {{"name", ev.call.name}, {"arguments", args}}}};
+      Json tc = {
+          {"id", RandomId("call_")}, {"type", "function"}, {"function", {{"name", ev.call.name}, {"arguments", args}}}};
       tool_calls_.push_back(tc);
       Json delta_tc = tc;
       delta_tc["index"] = tool_calls_.size() - 1;
@@ -256,9 +273,15 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
       output_tokens_ = ev.output_tokens;
       cached_tokens_ = ev.cache_read_tokens;
       switch (ev.finish) {
-        case FinishReason::kMaxTokens: finish_ = "length"; break;
-        case FinishReason::kToolUse: finish_ = "tool_calls"; break;
-        default: finish_ = "stop"; break;
+        case FinishReason::kMaxTokens:
+          finish_ = "length";
+          break;
+        case FinishReason::kToolUse:
+          finish_ = "tool_calls";
+          break;
+        default:
+          finish_ = "stop";
+          break;
       }
       std::string out = Chunk(Json::object(), finish_);
       if (opts_.include_usage) {
@@ -282,12 +305,13 @@ Json OpenAIWriter::Completion() const {
   Json msg = {{"role", "assistant"}, {"content", content_.empty() && !tool_calls_.empty() ? Json() : Json(content_)}};
   if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
   if (!tool_calls_.empty()) msg["tool_calls"] = tool_calls_;
-  return {{"id", id_},
-          {"object", "chat.completion"},
-          {"created", created_},
-          {"model", opts_.model},
-          {"choices", Json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_}}})},
-          {"usage", Usage()}};
+  return {
+      {"id", id_},
+      {"object", "chat.completion"},
+      {"created", created_},
+      {"model", opts_.model},
+      {"choices", Json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_}}})},
+      {"usage", Usage()}};
 }
 
 Json OpenAIWriter::Usage() const {

@@ -2,10 +2,9 @@
 // (one chat.completion object, or chat.completion.chunk SSE lines ending with [DONE]).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 #include "server/chat_session.h"
@@ -24,7 +23,7 @@ std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, c
 class OpenAIWriter {
  public:
   OpenAIWriter(OpenAIOptions opts, int64_t input_tokens);
-  std::string Start();  // the first chunk (role)
+  std::string Start();                       // the first chunk (role)
   std::string Event(const StreamEvent& ev);  // kDone also writes the usage chunk and [DONE]
   nlohmann::ordered_json Completion() const;
 

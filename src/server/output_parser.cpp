@@ -11,7 +11,9 @@ constexpr std::string_view kThinkEnd = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
 
-bool IsWs(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool IsWs(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
 // Length of the longest proper suffix of `s` that is a prefix of `marker`.
 size_t PartialSuffix(std::string_view s, std::string_view marker) {
@@ -218,9 +220,12 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         for (; i < buf_.size() && !closed; ++i) {
           const char c = buf_[i];
           if (json_in_string_) {
-            if (json_escape_) json_escape_ = false;
-            else if (c == '\\') json_escape_ = true;
-            else if (c == '"') json_in_string_ = false;
+            if (json_escape_)
+              json_escape_ = false;
+            else if (c == '\\')
+              json_escape_ = true;
+            else if (c == '"')
+              json_in_string_ = false;
           } else if (c == '"') {
             json_in_string_ = true;
           } else if (c == '{') {

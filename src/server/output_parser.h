@@ -64,14 +64,14 @@ class OutputParser {
 
   Options opts_;
   Mode mode_ = Mode::kContent;
-  std::string buf_;        // undecided input
-  std::string tool_buf_;   // body of the open tool call (or of a bare JSON object)
+  std::string buf_;             // undecided input
+  std::string tool_buf_;        // body of the open tool call (or of a bare JSON object)
   size_t tool_close_from_ = 0;  // kToolCall: tool_buf_ holds no "</tool_call>" starting before this
-  int json_depth_ = 0;     // kBareJson: brace depth, string state
+  int json_depth_ = 0;          // kBareJson: brace depth, string state
   bool json_in_string_ = false;
   bool json_escape_ = false;
-  std::string held_ws_;    // trailing whitespace of the text, emitted once more text follows
-  bool skip_ws_ = true;    // drop whitespace at the start of text
+  std::string held_ws_;  // trailing whitespace of the text, emitted once more text follows
+  bool skip_ws_ = true;  // drop whitespace at the start of text
   bool stopped_ = false;
   std::string matched_stop_;
   int tool_calls_ = 0;

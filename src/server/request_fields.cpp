@@ -41,19 +41,29 @@ std::optional<ApiError> ParseRequestBody(std::string_view body, const RequestLim
   return std::nullopt;
 }
 
-std::string FieldName(const std::string& where, const char* key) { return where.empty() ? key : where + "." + key; }
+std::string FieldName(const std::string& where, const char* key) {
+  return where.empty() ? key : where + "." + key;
+}
 
 std::string JsonTypeName(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::boolean:
+      return "a boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return "an invalid value";
+    case Json::value_t::number_unsigned:
+      return "an integer";
+    case Json::value_t::number_float:
+      return "a number";
+    default:
+      return "an invalid value";
   }
 }
 
@@ -113,7 +123,8 @@ std::optional<ApiError> CheckStopSequences(const std::vector<std::string>& stops
   for (size_t i = 0; i < stops.size(); ++i) {
     if (stops[i].empty() || stops[i].size() > limits.max_stop_bytes)
       return InvalidRequest(std::string(field) + "[" + std::to_string(i) + "]: a stop sequence must be 1 to " +
-                            std::to_string(limits.max_stop_bytes) + " bytes long, got " + std::to_string(stops[i].size()));
+                            std::to_string(limits.max_stop_bytes) + " bytes long, got " +
+                            std::to_string(stops[i].size()));
   }
   return std::nullopt;
 }

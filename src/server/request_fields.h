@@ -4,11 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 
@@ -16,13 +15,13 @@ namespace mr::server {
 
 // Bounds on one request, checked before tokenization (docs/api.md, "Limits").
 struct RequestLimits {
-  int max_json_depth = 64;           // nesting of arrays/objects in the body
-  size_t max_messages = 100000;      // entries of messages[] (Anthropic's own limit)
-  size_t max_content_blocks = 10000; // blocks of one message's content (and of a tool_result's)
-  size_t max_tools = 1000;           // entries of tools[]
-  size_t max_tool_name_bytes = 128;  // [A-Za-z0-9_-]{1,128}: names go into the prompt verbatim
-  size_t max_stop_sequences = 16;    // stop_sequences / stop entries
-  size_t max_stop_bytes = 512;       // bytes of one stop sequence
+  int max_json_depth = 64;            // nesting of arrays/objects in the body
+  size_t max_messages = 100000;       // entries of messages[] (Anthropic's own limit)
+  size_t max_content_blocks = 10000;  // blocks of one message's content (and of a tool_result's)
+  size_t max_tools = 1000;            // entries of tools[]
+  size_t max_tool_name_bytes = 128;   // [A-Za-z0-9_-]{1,128}: names go into the prompt verbatim
+  size_t max_stop_sequences = 16;     // stop_sequences / stop entries
+  size_t max_stop_bytes = 512;        // bytes of one stop sequence
 };
 
 // Nesting depth of the JSON text `body` (strings are skipped, escapes honoured), counting only
@@ -32,11 +31,13 @@ int JsonDepth(std::string_view body, int limit);
 
 // Parses a request body: invalid JSON, nesting deeper than limits.max_json_depth or a top level
 // that is not an object give a 400.
-std::optional<ApiError> ParseRequestBody(std::string_view body, const RequestLimits& limits, nlohmann::ordered_json* out);
+std::optional<ApiError> ParseRequestBody(std::string_view body, const RequestLimits& limits,
+                                         nlohmann::ordered_json* out);
 
 // Optional fields of `obj` (an object): absent or null leave *out unchanged and return nullopt;
 // another type than asked is a 400 "WHERE.KEY: expected ..., got TYPE".
-std::optional<ApiError> OptBool(const nlohmann::ordered_json& obj, const char* key, const std::string& where, bool* out);
+std::optional<ApiError> OptBool(const nlohmann::ordered_json& obj, const char* key, const std::string& where,
+                                bool* out);
 std::optional<ApiError> OptString(const nlohmann::ordered_json& obj, const char* key, const std::string& where,
                                   std::string* out);
 // *out points at the object (or stays null).

@@ -2,7 +2,6 @@
 // rendering (against the Qwen2.5 GGUF's template when it is pulled), request parsing, the SSE
 // writers, signatures.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <chrono>
@@ -102,7 +101,8 @@ TEST(OutputParser, ToolCallParsedAndValidated) {
   o.parse_tool_calls = true;
   o.tools = {WeatherTool()};
   const std::string text =
-      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"when\": {\"day\": 2}}}\n</tool_call>";
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"when\": "
+      "{\"day\": 2}}}\n</tool_call>";
   OutputParser p(o);
   const auto ev = FeedAll(p, {text});
   ASSERT_EQ(ev.size(), 2u);
@@ -119,7 +119,9 @@ TEST(OutputParser, InvalidToolCallStaysText) {
   o.parse_tool_calls = true;
   o.tools = {WeatherTool()};
   // Nested schema violation: when.day must be an integer.
-  const std::string bad = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\", \"when\": {\"day\": \"two\"}}}</tool_call>";
+  const std::string bad =
+      "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"X\", \"when\": {\"day\": "
+      "\"two\"}}}</tool_call>";
   OutputParser p(o);
   const auto ev = FeedAll(p, {bad});
   ASSERT_EQ(ev.size(), 1u);
@@ -138,7 +140,8 @@ TEST(OutputParser, ToolCallCloseTagAcrossAnyChunking) {
   OutputParser::Options o;
   o.parse_tool_calls = true;
   o.tools = {WeatherTool()};
-  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool\"}}\n</tool_call>";
+  const std::string call =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool\"}}\n</tool_call>";
   const std::string text = call + call + "done";
   for (size_t step = 1; step <= 14; ++step) {
     std::vector<std::string> chunks;
@@ -162,7 +165,8 @@ TEST(OutputParser, LongToolCallFedByteByByteIsLinear) {
   o.tools = {WeatherTool()};
   std::string city;
   while (city.size() < (512u << 10)) city += "</tool_call";
-  const std::string text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" + city + "\"}}</tool_call>";
+  const std::string text =
+      "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" + city + "\"}}</tool_call>";
   const auto t0 = std::chrono::steady_clock::now();
   OutputParser p(o);
   std::vector<ParsedEvent> out;
@@ -181,7 +185,8 @@ TEST(OutputParser, ToolCallMarkupInsideReasoningStaysReasoning) {
   o.start_in_reasoning = true;
   o.parse_tool_calls = true;
   o.tools = {WeatherTool()};
-  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string call =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
   const std::string text = "I could write " + call + " here.</think>\n\nThe answer.";
   OutputParser p(o);
   const auto ev = FeedAll(p, {text});
@@ -265,7 +270,8 @@ TEST(ChatFormat, QwenToolsAndToolResultsMatchTemplate) {
   ChatTool tool;
   tool.name = "read";
   tool.description = "Read a file";
-  tool.parameters = Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})");
+  tool.parameters =
+      Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})");
   ChatRenderOptions opts;
   opts.tools = {tool};
   ChatToolCall call;
@@ -286,7 +292,8 @@ TEST(ChatFormat, QwenToolsAndToolResultsMatchTemplate) {
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
       "</tool_call><|im_end|>\n"
       "<|im_start|>user\nShow a.txt<|im_end|>\n"
-      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call><|im_end|>\n"
+      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": "
+      "\"a.txt\"}}\n</tool_call><|im_end|>\n"
       "<|im_start|>user\n<tool_response>\nhello\n</tool_response><|im_end|>\n"
       "<|im_start|>system\nBe brief.<|im_end|>\n"
       "<|im_start|>assistant\n";
@@ -345,24 +352,37 @@ TEST(AnthropicParse, RefusalsNameTheField) {
     return e ? e->message : std::string("accepted");
   };
   const std::string base = R"("model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}])";
-  EXPECT_NE(msg("{" + base + R"(, "output_config": {"format": {"type": "json_schema"}}})").find("output_config.format"), std::string::npos);
-  EXPECT_NE(msg("{" + base + R"(, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})").find("tools[0].type"), std::string::npos);
-  EXPECT_NE(msg(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})").find("max_tokens"), std::string::npos);
-  EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})")
-                .find("text-only"), std::string::npos);
-  EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "d"}, "citations": {"enabled": true}}]}]})")
-                .find("citations"), std::string::npos);
-  EXPECT_NE(msg("{" + base + R"(, "thinking": {"type": "enabled", "budget_tokens": 10}})").find("budget_tokens"), std::string::npos);
+  EXPECT_NE(msg("{" + base + R"(, "output_config": {"format": {"type": "json_schema"}}})").find("output_config.format"),
+            std::string::npos);
+  EXPECT_NE(
+      msg("{" + base + R"(, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})").find("tools[0].type"),
+      std::string::npos);
+  EXPECT_NE(msg(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})").find("max_tokens"),
+            std::string::npos);
+  EXPECT_NE(
+      msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})")
+          .find("text-only"),
+      std::string::npos);
+  EXPECT_NE(
+      msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "d"}, "citations": {"enabled": true}}]}]})")
+          .find("citations"),
+      std::string::npos);
+  EXPECT_NE(msg("{" + base + R"(, "thinking": {"type": "enabled", "budget_tokens": 10}})").find("budget_tokens"),
+            std::string::npos);
   EXPECT_EQ(msg("{" + base + R"(, "thinking": {"type": "enabled", "budget_tokens": 5}})"), "accepted");
   // A thinking block whose signature is not ours.
   EXPECT_NE(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "a"},
       {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "forged"}, {"type": "text", "text": "b"}]},
-      {"role": "user", "content": "c"}]})").find("signature"), std::string::npos);
+      {"role": "user", "content": "c"}]})")
+                .find("signature"),
+            std::string::npos);
   const std::string good_sig = SignThinking("k", "test-model", "t");
   EXPECT_EQ(msg(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "a"},
-      {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ")" + good_sig + R"("},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ")" +
+                good_sig + R"("},
       {"type": "redacted_thinking", "data": "xyz"}, {"type": "text", "text": "b"}]},
-      {"role": "user", "content": "c"}]})"), "accepted");
+      {"role": "user", "content": "c"}]})"),
+            "accepted");
 }
 
 TEST(AnthropicParse, ToolResultsNestedContentAndErrors) {
@@ -417,11 +437,13 @@ TEST(AnthropicWriter, EventSequenceWithThinkingAndToolUse) {
   sse += w.Event(d);
   const auto ev = ParseSse(sse);
   std::vector<std::string> names;
-  for (auto& [n, j] : ev) names.push_back(n == "content_block_delta" ? "delta:" + j["delta"]["type"].get<std::string>() : n);
-  const std::vector<std::string> want = {"message_start", "content_block_start", "delta:thinking_delta", "delta:signature_delta",
-                                         "content_block_stop", "content_block_start", "delta:text_delta", "content_block_stop",
-                                         "content_block_start", "delta:input_json_delta", "content_block_stop",
-                                         "message_delta", "message_stop"};
+  for (auto& [n, j] : ev)
+    names.push_back(n == "content_block_delta" ? "delta:" + j["delta"]["type"].get<std::string>() : n);
+  const std::vector<std::string> want = {
+      "message_start",       "content_block_start",    "delta:thinking_delta", "delta:signature_delta",
+      "content_block_stop",  "content_block_start",    "delta:text_delta",     "content_block_stop",
+      "content_block_start", "delta:input_json_delta", "content_block_stop",   "message_delta",
+      "message_stop"};
   EXPECT_EQ(names, want);
   EXPECT_EQ(ev[0].second["message"]["usage"]["input_tokens"], 42);
   EXPECT_EQ(ev[0].second["message"]["model"], "claude-x");
@@ -514,7 +536,7 @@ TEST(Signing, KeyFilePersistsAndMustBePrivate) {
   auto k2 = LoadOrCreateSigningKey(path);  // a restart: the same key
   ASSERT_TRUE(k2.ok());
   EXPECT_EQ(*k1, *k2);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   chmod(path.c_str(), 0644);  // readable by others: refused, not trusted
@@ -781,8 +803,8 @@ TEST(RequestBody, DepthLimitBeforeParsing) {
   std::string at_limit = std::string(64, '[') + std::string(64, ']');
   EXPECT_EQ(JsonDepth(at_limit, 64), 64);
   EXPECT_TRUE(ParseRequestBody(std::string(65, '[') + std::string(65, ']'), limits, &body).has_value());
-  EXPECT_TRUE(ParseRequestBody("[1]", limits, &body).has_value());        // not an object
-  EXPECT_TRUE(ParseRequestBody("{\"a\":", limits, &body).has_value());   // not JSON
+  EXPECT_TRUE(ParseRequestBody("[1]", limits, &body).has_value());      // not an object
+  EXPECT_TRUE(ParseRequestBody("{\"a\":", limits, &body).has_value());  // not JSON
 }
 
 TEST(RequestFields, WrongTypesNameTheField) {
@@ -811,7 +833,8 @@ TEST(RequestFields, WrongTypesNameTheField) {
 
 // Every value of a full request replaced by every other JSON type: the parsers answer with an
 // error value or accept, and never throw (an exception was a 500, a null dereference a crash).
-void ForEachPath(const Json& v, std::vector<Json::json_pointer>* out, const Json::json_pointer& at = Json::json_pointer()) {
+void ForEachPath(const Json& v, std::vector<Json::json_pointer>* out,
+                 const Json::json_pointer& at = Json::json_pointer()) {
   out->push_back(at);
   if (v.is_object()) {
     for (auto it = v.begin(); it != v.end(); ++it) ForEachPath(it.value(), out, at / it.key());
@@ -824,8 +847,17 @@ template <typename ParseFn>
 int TypeBattery(const Json& base, ParseFn parse) {
   std::vector<Json::json_pointer> paths;
   ForEachPath(base, &paths);
-  const Json others[] = {Json(nullptr), Json(1), Json(-1), Json(1.5), Json(true), Json("x"), Json(""),
-                         Json::array(), Json::object(), Json::array({1}), Json(18446744073709551615ull)};
+  const Json others[] = {Json(nullptr),
+                         Json(1),
+                         Json(-1),
+                         Json(1.5),
+                         Json(true),
+                         Json("x"),
+                         Json(""),
+                         Json::array(),
+                         Json::object(),
+                         Json::array({1}),
+                         Json(18446744073709551615ull)};
   int refused = 0;
   for (const auto& p : paths) {
     if (p.empty()) continue;
@@ -834,7 +866,8 @@ int TypeBattery(const Json& base, ParseFn parse) {
       body[p] = o;
       EXPECT_NO_THROW({
         if (parse(body)) ++refused;
-      }) << p.to_string() << " = " << o.dump();
+      }) << p.to_string()
+         << " = " << o.dump();
     }
   }
   return refused;
@@ -858,25 +891,29 @@ TEST(AnthropicParse, WrongTypesAnywhereAreErrorValues) {
   const int refused = TypeBattery(base, [](const Json& b) { return ParseA(b.dump()).has_value(); });
   EXPECT_GT(refused, 100);
   // The reported crashes: an empty system message leaves no message; metadata of a wrong type.
-  for (const char* body : {R"({"model":"m","max_tokens":1,"messages":[{"role":"system","content":""}]})",
-                           R"({"model":"m","max_tokens":1,"system":"s","messages":[{"role":"system","content":"x"}]})",
-                           R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"metadata":5})",
-                           R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"context_management":"x"})"}) {
+  for (const char* body :
+       {R"({"model":"m","max_tokens":1,"messages":[{"role":"system","content":""}]})",
+        R"({"model":"m","max_tokens":1,"system":"s","messages":[{"role":"system","content":"x"}]})",
+        R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"metadata":5})",
+        R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"context_management":"x"})"}) {
     auto e = ParseA(body);
     ASSERT_TRUE(e.has_value()) << body;
     EXPECT_EQ(e->type, ApiErrorType::kInvalidRequest);
   }
   EXPECT_FALSE(ParseA(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[)" +
-                      std::string("\"s\",") + R"("t"]})").has_value());
+                      std::string("\"s\",") + R"("t"]})")
+                   .has_value());
   std::string many = R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[)";
   for (int i = 0; i < 17; ++i) many += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
   EXPECT_TRUE(ParseA(many + "]}").has_value());
   EXPECT_TRUE(ParseA(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"}],"stop_sequences":[")" +
-                     std::string(513, 'x') + R"("]})").has_value());
+                     std::string(513, 'x') + R"("]})")
+                  .has_value());
 }
 
 TEST(OpenAIParse, WrongTypesAnywhereAreErrorValues) {
-  const Json base = Json::parse(R"({"model": "m", "max_tokens": 50, "stream": true, "stream_options": {"include_usage": true},
+  const Json base =
+      Json::parse(R"({"model": "m", "max_tokens": 50, "stream": true, "stream_options": {"include_usage": true},
     "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "n": 1, "logprobs": false, "user": "u",
     "metadata": {"k": "v"}, "frequency_penalty": 0, "presence_penalty": 0, "parallel_tool_calls": true,
     "response_format": {"type": "text"}, "tool_choice": "auto",
@@ -907,14 +944,24 @@ namespace mr::server {
 namespace {
 
 TEST(WireJson, LineSeparatorsAreEscapedSoLineSplittersKeepEventsWhole) {
-  nlohmann::ordered_json j = {{"text", "a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9" "d\\\xe2\x80\xa8" "e\n\xff"}};
+  nlohmann::ordered_json j = {{"text",
+                               "a\xc2\x85"
+                               "b\xe2\x80\xa8"
+                               "c\xe2\x80\xa9"
+                               "d\\\xe2\x80\xa8"
+                               "e\n\xff"}};
   const std::string s = DumpWireJson(j);
   EXPECT_EQ(s.find("\xe2\x80\xa8"), std::string::npos);
   EXPECT_EQ(s.find("\xe2\x80\xa9"), std::string::npos);
   EXPECT_EQ(s.find("\xc2\x85"), std::string::npos);
   // Still the same JSON value (the invalid byte replaced by U+FFFD).
   const auto back = nlohmann::ordered_json::parse(s);
-  EXPECT_EQ(back["text"].get<std::string>(), "a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9" "d\\\xe2\x80\xa8" "e\n\xef\xbf\xbd");
+  EXPECT_EQ(back["text"].get<std::string>(),
+            "a\xc2\x85"
+            "b\xe2\x80\xa8"
+            "c\xe2\x80\xa9"
+            "d\\\xe2\x80\xa8"
+            "e\n\xef\xbf\xbd");
 }
 
 }  // namespace

@@ -1,11 +1,10 @@
 #include "server/signing.h"
 
+#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
-
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,7 +56,7 @@ bool IsHexKey(const std::string& s) {
 Result<std::string> ReadKeyFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return IoError("[signing] cannot open " + path + ": " + std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   std::string key(65, '\0');
   ssize_t n = -1;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) n = read(fd, key.data(), key.size());
@@ -66,7 +65,8 @@ Result<std::string> ReadKeyFile(const std::string& path) {
     return InvalidArgument("[signing] " + path + " must be a regular file readable only by its owner (chmod 600)");
   if (n >= 0) key.resize(static_cast<size_t>(n));
   while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
-  if (!IsHexKey(key)) return InvalidArgument("[signing] " + path + " does not hold a key of 64 hex digits; remove it to make a new one");
+  if (!IsHexKey(key))
+    return InvalidArgument("[signing] " + path + " does not hold a key of 64 hex digits; remove it to make a new one");
   return key;
 }
 

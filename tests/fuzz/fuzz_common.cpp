@@ -60,7 +60,8 @@ std::vector<uint8_t> TinyModelImage(uint32_t seed, const std::string& a) {
   w.SetArrayI32("tokenizer.ggml.token_type", types);
   w.SetArrayStr("tokenizer.ggml.merges", {"h e", "l l", "he ll", "hell o"});
   w.SetU32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab - 7));
-  w.SetString("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+  w.SetString("tokenizer.chat_template",
+              "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
   auto bytes = [&](int64_t n, float scale) {
     std::normal_distribution<float> dist(0.0f, scale);
     std::vector<uint8_t> out(static_cast<size_t>(n) * 4);
@@ -71,7 +72,8 @@ std::vector<uint8_t> TinyModelImage(uint32_t seed, const std::string& a) {
     return out;
   };
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    (void)w.AddTensor(name, static_cast<uint32_t>(gguf::TensorType::kF32), {cols, rows}, bytes(rows * cols, 1.0f / std::sqrt(float(cols))));
+    (void)w.AddTensor(name, static_cast<uint32_t>(gguf::TensorType::kF32), {cols, rows},
+                      bytes(rows * cols, 1.0f / std::sqrt(float(cols))));
   };
   auto ones = [&](const std::string& name, int64_t n) {
     std::vector<uint8_t> b(static_cast<size_t>(n) * 4);
@@ -101,9 +103,11 @@ Model& SharedModel() {
     if (const char* p = std::getenv("MERERUN_FUZZ_MODEL"); p != nullptr && *p != '\0') path = p;
     if (path.empty()) path = FindModelFile("SmolLM2-135M-Instruct.Q4_1.gguf");
     if (path.empty()) {
-      path = (std::filesystem::temp_directory_path() / ("mererun_fuzz_tiny_" + std::to_string(getpid()) + ".gguf")).string();
+      path = (std::filesystem::temp_directory_path() / ("mererun_fuzz_tiny_" + std::to_string(getpid()) + ".gguf"))
+                 .string();
       const std::vector<uint8_t> img = TinyModelImage(1);
-      std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
+      std::ofstream(path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
     }
     // Tokenizer and chat template only: converting SmolLM2's weights under ASan took ~20 s of
     // each run (the targets never call Forward).

@@ -9,7 +9,6 @@
 #include <string>
 
 #include "fuzz_common.h"
-
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -44,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mr::Model& model = **m;
   const std::vector<mr::TokenId> ids = model.tokenizer().Encode("hello <|im_start|>", true, true);
   if (ids.empty()) return 0;
-  mr::KvCache kv = mr::KvCache::Allocate(model.config().n_layer, 64, model.config().n_head_kv * model.config().head_dim);
+  mr::KvCache kv =
+      mr::KvCache::Allocate(model.config().n_layer, 64, model.config().n_head_kv * model.config().head_dim);
   std::vector<float> logits(static_cast<size_t>(model.config().n_vocab));
   (void)model.Forward(kv, ids.data(), 1, /*all_logits=*/false, logits.data());
   return 0;

@@ -46,7 +46,8 @@ const mr::ChatTool& Tool() {
   static const mr::ChatTool tool = [] {
     mr::ChatTool t;
     t.name = "read";
-    t.parameters = Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
+    t.parameters =
+        Json::parse(R"({"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
                                    "required": ["path"]})");
     return t;
   }();
@@ -129,14 +130,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   done.input_tokens = 10;
   done.output_tokens = static_cast<int64_t>(text.size());
   switch (flags >> 5) {
-    case 1: done.finish = FinishReason::kMaxTokens; break;
-    case 2: done.finish = FinishReason::kToolUse; break;
-    case 3: done.finish = FinishReason::kCancelled; break;
+    case 1:
+      done.finish = FinishReason::kMaxTokens;
+      break;
+    case 2:
+      done.finish = FinishReason::kToolUse;
+      break;
+    case 3:
+      done.finish = FinishReason::kCancelled;
+      break;
     case 4:
       done.kind = StreamEvent::Kind::kError;
       done.error = {data[1] & 1 ? ApiErrorType::kOverloaded : ApiErrorType::kApi, std::string(text.substr(0, 64))};
       break;
-    default: break;
+    default:
+      break;
   }
   CheckSse(aw.Event(done));
   CheckSse(ow.Event(done));

@@ -16,7 +16,8 @@ void MatmulQ8(const QMatrix& w, const float* x, int64_t n_rows, float* y, int64_
       float acc = 0;
       for (int64_t g = 0; g < groups; ++g) {
         float part = 0;
-        for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) part += static_cast<float>(w.q[w.q_index(o, i)]) * xr[i];
+        for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i)
+          part += static_cast<float>(w.q[w.q_index(o, i)]) * xr[i];
         acc += part * Bf16ToF32(w.scales[w.scale_index(o, g)]);
       }
       y[r * ldy + o] = acc;
@@ -32,7 +33,8 @@ float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) 
     const float sw = Bf16ToF32(w.scales[w.scale_index(o, g)]);
     for (int64_t a = g * kActPerWeightGroup; a < (g + 1) * kActPerWeightGroup; ++a) {  // activation groups of g
       int32_t dot = 0;
-      for (int64_t i = a * kActGroup; i < (a + 1) * kActGroup; ++i) dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
+      for (int64_t i = a * kActGroup; i < (a + 1) * kActGroup; ++i)
+        dot += int32_t{w.q[w.q_index(o, i)]} * int32_t{xr[i]};
       acc += static_cast<float>(dot) * (sw * xsr[a]);
     }
   }
@@ -44,12 +46,13 @@ float DotQ8Int(const QMatrix& w, int64_t o, const int8_t* xr, const float* xsr) 
 void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
-    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotQ8Int(w, o, xq + r * w.cols, xs + r * (w.cols / kActGroup));
+    for (int64_t r = 0; r < n_rows; ++r)
+      y[r * ldy + o] = DotQ8Int(w, o, xq + r * w.cols, xs + r * (w.cols / kActGroup));
   }
 }
 
-void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
-                    float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
+void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
+                    GluAct act, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const float g = DotQ8Int(gate, o, xq + r * gate.cols, xs + r * (gate.cols / kActGroup));
@@ -64,8 +67,8 @@ void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t 
   MatmulQ8Int(w, xq, xs, n_rows, y, ldy, t_begin * kQ8Tile, std::min(w.rows, t_end * kQ8Tile));
 }
 
-void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
-                      float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
+                      GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
   MatmulQ8IntGlu(gate, up, xq, xs, n_rows, act, y, ldy, t_begin * kQ8Tile, std::min(gate.rows, t_end * kQ8Tile));
 }
 
@@ -76,13 +79,15 @@ float DotKInt(const float* wrow, const QActs& x, int64_t r) {
   const int8_t* xq = x.q.data() + r * x.cols;
   const float* xs = x.scales.data() + r * (x.cols / kActGroup);
   double acc = 0;
-  for (int64_t i = 0; i < x.cols; ++i) acc += static_cast<double>(wrow[i]) * (static_cast<double>(xq[i]) * xs[i / kActGroup]);
+  for (int64_t i = 0; i < x.cols; ++i)
+    acc += static_cast<double>(wrow[i]) * (static_cast<double>(xq[i]) * xs[i / kActGroup]);
   return static_cast<float>(acc);
 }
 
 }  // namespace
 
-void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end) {
+void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin,
+                int64_t o_end) {
   MR_CHECK(x.cols == w.cols);
   std::vector<float> wrow(static_cast<size_t>(w.cols));
   for (int64_t o = o_begin; o < o_end; ++o) {
@@ -105,7 +110,8 @@ void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64
   }
 }
 
-void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                  int64_t t_end) {
   MatmulKInt(w, x, n_rows, y, ldy, t_begin * kKTile, std::min(w.rows, t_end * kKTile));
 }
 
@@ -116,10 +122,10 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
 
 void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
                   int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch) {
-  float* s = scratch;               // (n_q, kAttnBlock) scores, then probabilities
+  float* s = scratch;                 // (n_q, kAttnBlock) scores, then probabilities
   float* row = s + n_q * kAttnBlock;  // (hd) one K or V row in FP32
-  float* m = row + 2 * hd;           // (n_q) running max
-  float* l = m + n_q;                // (n_q) running sum of exp
+  float* m = row + 2 * hd;            // (n_q) running max
+  float* l = m + n_q;                 // (n_q) running sum of exp
   for (int64_t h = 0; h < n_q; ++h) {
     m[h] = -INFINITY;
     l[h] = 0;
@@ -193,7 +199,8 @@ void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox) {
   const int64_t half = head_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
     // theta_i = pos * base^(-2i/d), as in RoFormer / llama.cpp's ggml_rope.
-    const float theta = static_cast<float>(pos) * std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(head_dim));
+    const float theta =
+        static_cast<float>(pos) * std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(head_dim));
     const float c = std::cos(theta), s = std::sin(theta);
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
@@ -215,7 +222,9 @@ void Softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+float Silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 float GeluTanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;

@@ -16,20 +16,22 @@ void MatmulQ8(const QMatrix& w, const float* x, int64_t n_rows, float* y, int64_
 void MatmulQ8Int(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                  int64_t o_begin, int64_t o_end);
 // act(gate·x) * (up·x) per output (the fused GLU of the FFN), int8 activations.
-void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
-                    float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+void MatmulQ8IntGlu(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
+                    GluAct act, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
 // The scalar KernelTable entries: the two above over output tiles [t_begin, t_end) (ops.h).
 void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                    int64_t t_begin, int64_t t_end);
-void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows, GluAct act,
-                      float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
+                      GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 // Native K-quant matrices (kquant.h): weights dequantized to FP32 with ggml's arithmetic, dotted
 // with the int8 activations (q * scale) in double. The oracle of the K-quant kernels.
-void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin, int64_t o_end);
+void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin,
+                int64_t o_end);
 void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                    int64_t ldy, int64_t o_begin, int64_t o_end);
 // The scalar KernelTable::matmul_k / matmul_k_glu entries: the two above over tiles of 16 outputs.
-void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                  int64_t t_end);
 void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                      int64_t ldy, int64_t t_begin, int64_t t_end);
 // KernelTable::attention (ops.h), scalar.

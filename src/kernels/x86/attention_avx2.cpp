@@ -62,7 +62,8 @@ void AttentionGqaAvx2(const float* q, int64_t n_q, int64_t hd, const uint16_t* k
       l[h] = l[h] * corr + HSum8(sum) + tail;
       if (corr != 1.0f) {
         const __m256 c = _mm256_set1_ps(corr);
-        for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(out + h * hd + i, _mm256_mul_ps(_mm256_loadu_ps(out + h * hd + i), c));
+        for (int64_t i = 0; i < hd; i += 8)
+          _mm256_storeu_ps(out + h * hd + i, _mm256_mul_ps(_mm256_loadu_ps(out + h * hd + i), c));
       }
     }
     for (int64_t jj = 0; jj < nb; ++jj) {
@@ -71,13 +72,15 @@ void AttentionGqaAvx2(const float* q, int64_t n_q, int64_t hd, const uint16_t* k
       for (int64_t h = 0; h < n_q; ++h) {
         const __m256 p = _mm256_set1_ps(s[h * kAttnBlock + jj]);
         float* oh = out + h * hd;
-        for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(oh + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(row + i), _mm256_loadu_ps(oh + i)));
+        for (int64_t i = 0; i < hd; i += 8)
+          _mm256_storeu_ps(oh + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(row + i), _mm256_loadu_ps(oh + i)));
       }
     }
   }
   for (int64_t h = 0; h < n_q; ++h) {
     const __m256 inv = _mm256_set1_ps(l[h] > 0 ? 1.0f / l[h] : 0.0f);
-    for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(out + h * hd + i, _mm256_mul_ps(_mm256_loadu_ps(out + h * hd + i), inv));
+    for (int64_t i = 0; i < hd; i += 8)
+      _mm256_storeu_ps(out + h * hd + i, _mm256_mul_ps(_mm256_loadu_ps(out + h * hd + i), inv));
   }
 }
 

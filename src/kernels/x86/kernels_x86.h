@@ -23,10 +23,10 @@ void MatmulQ8GluAvx512(const QMatrix& gate, const QMatrix& up, const int8_t* xq,
                        GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 
 // Native K-quant kernels (kquant.h; KernelTable::matmul_k / matmul_k_glu).
-#define MR_DECLARE_K_KERNELS(Fmt, Isa)                                                                              \
+#define MR_DECLARE_K_KERNELS(Fmt, Isa)                                                                            \
   void Matmul##Fmt##Isa(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, \
-                        int64_t t_end);                                                                            \
-  void Matmul##Fmt##Glu##Isa(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,   \
+                        int64_t t_end);                                                                           \
+  void Matmul##Fmt##Glu##Isa(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,  \
                              float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 MR_DECLARE_K_KERNELS(Q4K, Avx2)
 MR_DECLARE_K_KERNELS(Q6K, Avx2)

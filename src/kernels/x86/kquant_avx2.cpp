@@ -9,18 +9,21 @@
 // dmin * m * sum(x) uses the activation sums (QActs::sums32).
 // Q6_K: 6-bit quants as u8 in [0, 63]; vpmaddubsw, then vpmaddwd by the int8 sub-block scale
 // pair; the -32 offset is 32 * sc * sum(x) per sub-block (QActs::sums16), also with vpmaddwd.
-#include "kernels/x86/kquant_tile_impl.h"
-
 #include "kernels/x86/kernels_x86.h"
+#include "kernels/x86/kquant_tile_impl.h"
 
 namespace {
 
 constexpr int kPass = 4;  // activation rows per pass over a half super-block
 
-inline __m256i Bcast4(const void* p) { return _mm256_set1_epi32(Load4(p)); }
+inline __m256i Bcast4(const void* p) {
+  return _mm256_set1_epi32(Load4(p));
+}
 
 // 8 int8 -> 8 int32.
-inline __m256i WidenS8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i WidenS8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K
@@ -65,19 +68,19 @@ struct Q4K {
       const int64_t i0 = s * kKSuper + 64 * k;
       __m256i slo[R], shi[R];  // int16 sums per sub-block
       for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
         const __m256i lo = _mm256_and_si256(v, m0f);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
           slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(x)));
           shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(x + 32)));
         }
       }
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const float* xs = a.Xs(r0 + r);
         const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
@@ -85,8 +88,10 @@ struct Q4K {
           const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ilo, ihi)), ds, acc[r]);
         } else {
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup])), acc[r]);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
+          acc[r] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup])), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])),
+                                   acc[r]);
         }
         const float* s32 = a.S32(r0 + r) + i0 / 32;
         acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k], _mm256_set1_ps(s32[0]), acc[r]);
@@ -119,7 +124,8 @@ struct Q6K {
       v[j] = WidenS8(blk + 32 + 16 * j + 8 * h);
       m->scp[j] = _mm256_or_si256(_mm256_and_si256(v[j], lo16), _mm256_slli_epi32(v[j], 16));
     }
-    for (int p = 0; p < 8; ++p) m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
+    for (int p = 0; p < 8; ++p)
+      m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
   }
 
   template <int R>
@@ -131,7 +137,7 @@ struct Q6K {
       for (int j = 0; j < kQ6Acc; ++j) {
         for (int r = 0; r < R; ++r) iacc[j][r] = _mm256_setzero_si256();
       }
-  #pragma GCC unroll 2
+#pragma GCC unroll 2
       for (int c = 0; c < 8; ++c) {
         const uint8_t* g = blk + 288 + (8 * n + c) * 192 + 32 * h;
         const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
@@ -141,12 +147,13 @@ struct Q6K {
         q[0] = _mm256_or_si256(_mm256_and_si256(va, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 4), m30));
         q[1] = _mm256_or_si256(_mm256_and_si256(vb, m0f), _mm256_and_si256(_mm256_slli_epi16(vh, 2), m30));
         q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(va, 4), m0f), _mm256_and_si256(vh, m30));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vb, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vb, 4), m0f),
+                               _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
         const int sub = 8 * n + c / 4;
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
           for (int mm = 0; mm < 4; ++mm) {
             const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
             __m256i& ia = iacc[mm * kQ6Acc / 4][r];
@@ -154,13 +161,14 @@ struct Q6K {
           }
         }
       }
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
         __m256i off[kQ6Acc];
         for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm256_setzero_si256();
         for (int mm = 0; mm < 4; ++mm) {
-          off[mm * kQ6Acc / 4] = _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
+          off[mm * kQ6Acc / 4] =
+              _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
         }
         const float* xs = a.Xs(r0 + r);
         for (int j = 0; j < kQ6Acc; ++j) {
@@ -190,10 +198,18 @@ struct KTile {
         F::Decode(blk, h, &m);
         for (int r0 = 0; r0 < nr; r0 += kPass) {
           switch (nr - r0 < kPass ? nr - r0 : kPass) {
-            case 1: F::template Pass<1>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 2: F::template Pass<2>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            case 3: F::template Pass<3>(blk, h, m, a, s, r0, acc[h] + r0); break;
-            default: F::template Pass<4>(blk, h, m, a, s, r0, acc[h] + r0); break;
+            case 1:
+              F::template Pass<1>(blk, h, m, a, s, r0, acc[h] + r0);
+              break;
+            case 2:
+              F::template Pass<2>(blk, h, m, a, s, r0, acc[h] + r0);
+              break;
+            case 3:
+              F::template Pass<3>(blk, h, m, a, s, r0, acc[h] + r0);
+              break;
+            default:
+              F::template Pass<4>(blk, h, m, a, s, r0, acc[h] + r0);
+              break;
           }
         }
       }
@@ -209,14 +225,16 @@ struct KTile {
 
 namespace mr::x86 {
 
-void MatmulQ4KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+void MatmulQ4KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                   int64_t t_end) {
   MatmulKTiles<KTile<Q4K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ4KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                       int64_t ldy, int64_t t_begin, int64_t t_end) {
   MatmulKGluTiles<KTile<Q4K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
-void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                   int64_t t_end) {
   MatmulKTiles<KTile<Q6K>>(w, x, n_rows, y, ldy, t_begin, t_end);
 }
 void MatmulQ6KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,

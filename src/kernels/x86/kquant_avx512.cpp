@@ -17,9 +17,8 @@
 // (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#include "kernels/x86/kquant_tile_impl.h"
-
 #include "kernels/x86/kernels_x86.h"
+#include "kernels/x86/kquant_tile_impl.h"
 
 namespace {
 
@@ -27,7 +26,9 @@ namespace {
 // plus the unpacked weights fit the 32 zmm registers), so verify steps unpack each weight once.
 constexpr int kPass = 8;
 
-inline __m512i Bcast4(const void* p) { return _mm512_set1_epi32(Load4(p)); }
+inline __m512i Bcast4(const void* p) {
+  return _mm512_set1_epi32(Load4(p));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K
@@ -73,21 +74,21 @@ struct Q4K {
       const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
       __m512i ilo[R], ihi[R];
       for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const __m512i v = _mm512_loadu_si512(q + 64 * c);
         const __m512i lo = _mm512_and_si512(v, m0f);
         // High nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32 without
         // saturation, and the 1/16 is folded into the scale, so no shift is needed.
         const __m512i hi = _mm512_and_si512(v, mf0);
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
           ilo[r] = _mm512_dpbusd_epi32(ilo[r], lo, Bcast4(x));
           ihi[r] = _mm512_dpbusd_epi32(ihi[r], hi, Bcast4(x + 32));
         }
       }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const float* xs = a.Xs(r0 + r);
         if constexpr (kActGroup == 64) {
@@ -95,9 +96,10 @@ struct Q4K {
           f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi[r]), m.dsc[2 * k + 1], f);
           acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[i0 / kActGroup]), acc[r]);
         } else {
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ilo[r]), _mm512_mul_ps(m.dsc[2 * k], _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi[r]), _mm512_mul_ps(m.dsc[2 * k + 1], _mm512_set1_ps(xs[i0 / kActGroup + 1])),
-                                   acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ilo[r]),
+                                   _mm512_mul_ps(m.dsc[2 * k], _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi[r]),
+                                   _mm512_mul_ps(m.dsc[2 * k + 1], _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
         }
         const float* s32 = a.S32(r0 + r) + i0 / 32;
         acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), acc[r]);
@@ -134,7 +136,8 @@ struct Q6K {
       v[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * j)));
       m->scp[j] = _mm512_or_si512(_mm512_and_si512(v[j], lo16), _mm512_slli_epi32(v[j], 16));
     }
-    for (int p = 0; p < 8; ++p) m->offp[p] = _mm512_or_si512(_mm512_and_si512(v[2 * p], lo16), _mm512_slli_epi32(v[2 * p + 1], 16));
+    for (int p = 0; p < 8; ++p)
+      m->offp[p] = _mm512_or_si512(_mm512_and_si512(v[2 * p], lo16), _mm512_slli_epi32(v[2 * p + 1], 16));
   }
 
   template <int R>
@@ -146,7 +149,7 @@ struct Q6K {
       for (int j = 0; j < kQ6Acc; ++j) {
         for (int r = 0; r < R; ++r) iacc[j][r] = _mm512_setzero_si512();
       }
-  #pragma GCC unroll 2
+#pragma GCC unroll 2
       for (int c = 0; c < 8; ++c) {
         const uint8_t* g = blk + 288 + (8 * n + c) * 192;
         const __m512i va = _mm512_loadu_si512(g), vb = _mm512_loadu_si512(g + 64), vh = _mm512_loadu_si512(g + 128);
@@ -155,19 +158,20 @@ struct Q6K {
         q[0] = _mm512_or_si512(_mm512_and_si512(va, m0f), _mm512_and_si512(_mm512_slli_epi16(vh, 4), m30));
         q[1] = _mm512_or_si512(_mm512_and_si512(vb, m0f), _mm512_and_si512(_mm512_slli_epi16(vh, 2), m30));
         q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(va, 4), m0f), _mm512_and_si512(vh, m30));
-        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(vb, 4), m0f), _mm512_and_si512(_mm512_srli_epi16(vh, 2), m30));
+        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(vb, 4), m0f),
+                               _mm512_and_si512(_mm512_srli_epi16(vh, 2), m30));
         const int sub = 8 * n + c / 4;  // sub-block (16 inputs) of q[0]; q[mm] is sub + 2 mm
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
           for (int mm = 0; mm < 4; ++mm) {
             const __m512i p = _mm512_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
             iacc[mm * kQ6Acc / 4][r] = _mm512_dpwssd_epi32(iacc[mm * kQ6Acc / 4][r], p, m.scp[sub + 2 * mm]);
           }
         }
       }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         // Offset: 32 * sum over the sub-blocks of sc * sum(x); q[mm] spans sub-blocks 8n + 2mm, +1.
         const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
@@ -202,11 +206,26 @@ struct KTile {
       for (int r0 = 0; r0 < nr;) {
         const int left = nr - r0;
         switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
-          case 1: F::template Pass<1>(blk, m, a, s, r0, acc + r0); r0 += 1; break;
-          case 2: F::template Pass<2>(blk, m, a, s, r0, acc + r0); r0 += 2; break;
-          case 3: F::template Pass<3>(blk, m, a, s, r0, acc + r0); r0 += 3; break;
-          case 4: F::template Pass<4>(blk, m, a, s, r0, acc + r0); r0 += 4; break;
-          default: F::template Pass<kPass>(blk, m, a, s, r0, acc + r0); r0 += kPass; break;
+          case 1:
+            F::template Pass<1>(blk, m, a, s, r0, acc + r0);
+            r0 += 1;
+            break;
+          case 2:
+            F::template Pass<2>(blk, m, a, s, r0, acc + r0);
+            r0 += 2;
+            break;
+          case 3:
+            F::template Pass<3>(blk, m, a, s, r0, acc + r0);
+            r0 += 3;
+            break;
+          case 4:
+            F::template Pass<4>(blk, m, a, s, r0, acc + r0);
+            r0 += 4;
+            break;
+          default:
+            F::template Pass<kPass>(blk, m, a, s, r0, acc + r0);
+            r0 += kPass;
+            break;
         }
       }
     }

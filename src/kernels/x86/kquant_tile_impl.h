@@ -27,13 +27,13 @@ namespace {
 
 using mr::kActGroup;
 using mr::KFormat;
-using mr::KMatrix;
 using mr::kKSuper;
 using mr::kKTile;
+using mr::KMatrix;
 using mr::QActs;
 
-constexpr int kKRows = 8;                       // activation rows per tile visit
-constexpr int64_t kKChunkBytes = 96 * 1024;     // weight bytes per L2-resident chunk of tiles
+constexpr int kKRows = 8;                    // activation rows per tile visit
+constexpr int64_t kKChunkBytes = 96 * 1024;  // weight bytes per L2-resident chunk of tiles
 // Software prefetch distance in the weight stream (0: none, the default). A burst of prefetches
 // per super-block 4 KiB ahead cost ~20% more CPU per decode token on Qwen2.5-Coder-1.5B (Zen 4,
 // mererun_kbench: 96-98 vs 76-79 ms CPU/token): it fills the miss buffers that the hardware
@@ -100,7 +100,8 @@ void ForEachTileRows(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_
 }
 
 template <class Tile>
-void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {
+void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                  int64_t t_end) {
   alignas(64) float out[kKRows][kKTile];
   ForEachTileRows(x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
     Tile::Run(w, t, a, nr, out);
@@ -113,16 +114,17 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
                      int64_t ldy, int64_t t_begin, int64_t t_end) {
   alignas(64) float og[kKRows][kKTile];
   alignas(64) float ou[kKRows][kKTile];
-  ForEachTileRows(x, n_rows, KChunkTiles(gate, 2), t_begin, t_end, [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
-    Tile::Run(gate, t, a, nr, og);
-    Tile::Run(up, t, a, nr, ou);
-    for (int r = 0; r < nr; ++r) {
-      for (int h = 0; h < kKTile; h += 8) {
-        _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
-      }
-      StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
-    }
-  });
+  ForEachTileRows(x, n_rows, KChunkTiles(gate, 2), t_begin, t_end,
+                  [&](int64_t t, const ActRows& a, int64_t r0, int nr) {
+                    Tile::Run(gate, t, a, nr, og);
+                    Tile::Run(up, t, a, nr, ou);
+                    for (int r = 0; r < nr; ++r) {
+                      for (int h = 0; h < kKTile; h += 8) {
+                        _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
+                      }
+                      StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
+                    }
+                  });
 }
 
 }  // namespace

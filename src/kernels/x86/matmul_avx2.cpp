@@ -6,9 +6,8 @@
 // computed once per (tile, group), so per 32 weight bytes and row the loop issues one vpsignb,
 // one vpmaddubsw, one vpmaddwd and one add (on Zen 1 the two multiplies share one pipe and
 // bound the kernel: ~8 int8 MACs per cycle per core).
-#include "kernels/x86/q8_tile_impl.h"
-
 #include "kernels/x86/kernels_x86.h"
+#include "kernels/x86/q8_tile_impl.h"
 
 namespace {
 

@@ -1,11 +1,10 @@
 // AVX-512 (VNNI) Q8/g64 kernels: the AVX2 tile loops (q8_tile_impl.h) with the int8 dot done
 // by vpdpbusd on 256-bit registers (AVX512-VL): acc += |x| (u8) * sign(w, x) (s8), 4 products
-// per lane, no intermediate saturation (the sign comes from VEX vpsignb). Compiled with the AVX-512 flags (file suffix);
-// dispatch only selects it when cpuid reports AVX512F/BW/VL/DQ + VNNI and the OS saves zmm state.
-// Not executed on the development machine (AVX2 only); kernels_test runs it where available.
-#include "kernels/x86/q8_tile_impl.h"
-
+// per lane, no intermediate saturation (the sign comes from VEX vpsignb). Compiled with the AVX-512 flags (file
+// suffix); dispatch only selects it when cpuid reports AVX512F/BW/VL/DQ + VNNI and the OS saves zmm state. Not executed
+// on the development machine (AVX2 only); kernels_test runs it where available.
 #include "kernels/x86/kernels_x86.h"
+#include "kernels/x86/q8_tile_impl.h"
 
 namespace {
 

@@ -29,14 +29,16 @@ using mr::kQ8Group;
 using mr::kQ8Tile;
 using mr::QMatrix;
 
-constexpr int kPassRows = 4;               // activation rows per pass over a tile
+constexpr int kPassRows = 4;  // activation rows per pass over a tile
 #ifndef MR_PREFETCH
 #define MR_PREFETCH 4096
 #endif
 constexpr int64_t kPrefetchBytes = MR_PREFETCH;  // software prefetch distance in the weight stream
-constexpr int64_t kChunkBytes = 96 * 1024;  // weight bytes per L2-resident chunk of tiles
+constexpr int64_t kChunkBytes = 96 * 1024;       // weight bytes per L2-resident chunk of tiles
 
-inline __m256 LoadScales8(const uint16_t* s) { return LoadBf16x8(s); }
+inline __m256 LoadScales8(const uint16_t* s) {
+  return LoadBf16x8(s);
+}
 inline int32_t Load4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -63,13 +65,14 @@ inline void TilePass(const QMatrix& w, int64_t t, const int8_t* xq, int64_t cols
       }
     }
     const __m256 ws = LoadScales8(sc);
-    constexpr int kChunks = 16 / mr::kActPerWeightGroup;  // 32-byte chunks per activation group
+    constexpr int kChunks = 16 / mr::kActPerWeightGroup;         // 32-byte chunks per activation group
     for (int half = 0; half < mr::kActPerWeightGroup; ++half) {  // activation groups of weight group g
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 16
       for (int k = kChunks * half; k < kChunks * (half + 1); ++k) {
-        if (kPrefetchBytes > 0 && (k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
+        if (kPrefetchBytes > 0 && (k & 1) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 32 * k), _MM_HINT_T0);
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
@@ -92,10 +95,18 @@ inline void TileRows(const QMatrix& w, int64_t t, const int8_t* xq, const float*
   const int64_t cols = w.cols;
   for (int r = 0; r < nr; ++r) acc[r] = _mm256_setzero_ps();
   switch (nr) {
-    case 1: TilePass<Isa, 1>(w, t, xq, cols, xs, acc); break;
-    case 2: TilePass<Isa, 2>(w, t, xq, cols, xs, acc); break;
-    case 3: TilePass<Isa, 3>(w, t, xq, cols, xs, acc); break;
-    default: TilePass<Isa, 4>(w, t, xq, cols, xs, acc); break;
+    case 1:
+      TilePass<Isa, 1>(w, t, xq, cols, xs, acc);
+      break;
+    case 2:
+      TilePass<Isa, 2>(w, t, xq, cols, xs, acc);
+      break;
+    case 3:
+      TilePass<Isa, 3>(w, t, xq, cols, xs, acc);
+      break;
+    default:
+      TilePass<Isa, 4>(w, t, xq, cols, xs, acc);
+      break;
   }
 }
 

@@ -57,7 +57,8 @@ inline __m256 Glu8(__m256 g, __m256 u, mr::GluAct act) {
   }
   // 0.5 g (1 + tanh(c (g + 0.044715 g^3))), tanh(z) = 1 - 2 / (1 + exp(2z)).
   const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
-  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  const __m256 z =
+      _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
   const __m256 e = Exp8(_mm256_add_ps(z, z));
   const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
   return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, th)), u);
