@@ -160,18 +160,23 @@ std::string SerializeResponse(const HttpResponse& res, bool keep_alive) {
   return SerializeHead(res, keep_alive, /*chunked=*/false) + res.body;
 }
 
+// Ownership: the HttpTransport and every running worker thread hold the Impl (shared_ptr);
+// handlers queued in the io_context hold connections, never the Impl (that would be a cycle: the
+// Impl owns the io_context), and reach it by a plain pointer, valid because the io_context
+// (with every handler still in it) is destroyed first, with the Impl. Members are declared so
+// that what connections touch in their destructors (the counter) outlives the io_context.
 struct HttpTransport::Impl : std::enable_shared_from_this<Impl> {
   TransportOptions opts;
   Handlers handlers;
-  net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
-  net::steady_timer accept_retry{ioc};
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
   std::mutex mu;
   std::condition_variable cv;
   int workers = 0;           // guarded by mu
   std::set<int> worker_fds;  // sockets that workers write to; guarded by mu
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_retry{ioc};
 
   void Accept();
   void RefuseConnection(tcp::socket socket);
@@ -190,8 +195,8 @@ namespace {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::shared_ptr<HttpTransport::Impl> impl, tcp::socket socket)
-      : impl_(std::move(impl)), stream_(std::make_shared<beast::tcp_stream>(std::move(socket))) {
+  Connection(HttpTransport::Impl* impl, tcp::socket socket)
+      : impl_(impl), stream_(std::make_shared<beast::tcp_stream>(std::move(socket))) {
     impl_->connections.fetch_add(1);
   }
   ~Connection() { impl_->connections.fetch_sub(1); }
@@ -294,7 +299,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       impl_->worker_fds.insert(fd);
     }
     try {
-      std::thread([impl = impl_, self = shared_from_this(), req = std::move(req), res = std::move(res), fd]() mutable {
+      std::thread([impl = impl_->shared_from_this(), self = shared_from_this(), req = std::move(req),
+                   res = std::move(res), fd]() mutable {
         self->RunWorker(std::move(req), std::move(res), fd);
         self.reset();  // before the count drops, so Stop never outlives a connection in use
         std::lock_guard<std::mutex> lock(impl->mu);
@@ -347,7 +353,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::post(stream_->get_executor(), [self = shared_from_this(), ok] { self->AfterResponse(ok); });
   }
 
-  std::shared_ptr<HttpTransport::Impl> impl_;
+  HttpTransport::Impl* impl_;  // see Impl: outlives every connection
   std::shared_ptr<beast::tcp_stream> stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -366,7 +372,7 @@ void HttpTransport::Impl::RefuseConnection(tcp::socket socket) {
 }
 
 void HttpTransport::Impl::Accept() {
-  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+  acceptor.async_accept(net::make_strand(ioc), [self = this](beast::error_code ec, tcp::socket socket) {
     if (self->stopping.load() || ec == net::error::operation_aborted) return;
     if (ec) {
       // Out of descriptors, typically: try again shortly rather than spin.
@@ -442,7 +448,7 @@ void HttpTransport::Stop(std::chrono::milliseconds grace) {
     im.ioc.stop();
     return;
   }
-  net::post(im.ioc, [impl = impl_] {
+  net::post(im.ioc, [impl = &im] {
     beast::error_code ec;
     impl->acceptor.close(ec);
   });
