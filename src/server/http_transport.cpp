@@ -117,13 +117,14 @@ void LingeringClose(const std::shared_ptr<beast::tcp_stream>& stream) {
   stream->async_read_some(net::buffer(*buf), Discard{stream, buf, 0});
 }
 
-HttpRequest RequestOf(const http::request<http::string_body>& msg, bool with_body) {
+// The head of `msg`; the body too (moved out, not copied: it may be tens of MiB) when with_body.
+HttpRequest RequestOf(http::request<http::string_body>& msg, bool with_body) {
   HttpRequest req;
   req.method = std::string(msg.method_string());
   req.target = std::string(msg.target());
   req.path = req.target.substr(0, req.target.find('?'));
   for (const auto& f : msg) req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-  if (with_body) req.body = msg.body();
+  if (with_body) req.body = std::move(msg.body());
   return req;
 }
 
