@@ -40,15 +40,29 @@ class ThreadPool {
     using Fn = std::remove_reference_t<F>;
     FnRef ref{const_cast<void*>(static_cast<const void*>(&fn)),
               [](void* o, int64_t b, int64_t e, int t) { (*static_cast<Fn*>(o))(b, e, t); }};
-    Run(n, ref);
+    Run(n, ref, 0);
   }
 
+  // fn(begin, end, thread_index) over [0, n) in chunks of `chunk` that the threads claim as they
+  // go (an atomic counter): a thread that is slowed down (descheduled, or waiting longer on
+  // memory) takes fewer chunks, so no thread idles at the end of the op waiting for it.
+  // Chunks are claimed in increasing order. With one thread, or n <= chunk, fn runs once over
+  // [0, n).
+  template <class F>
+  void ParallelForDynamic(int64_t n, int64_t chunk, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    FnRef ref{const_cast<void*>(static_cast<const void*>(&fn)),
+              [](void* o, int64_t b, int64_t e, int t) { (*static_cast<Fn*>(o))(b, e, t); }};
+    Run(n, ref, chunk < 1 ? 1 : chunk);
+  }
   // Physical cores, unless SetDefaultThreads chose a count (app/ maps MERERUN_THREADS onto it).
   static int DefaultThreads();
   static void SetDefaultThreads(int n);  // n <= 0: physical cores
 
  private:
-  void Run(int64_t n, FnRef fn);
+  void Run(int64_t n, FnRef fn, int64_t chunk);  // chunk 0: static split
+  // Runs job_ over chunks claimed from next_ until none is left.
+  void RunChunks(int thread);
   void WorkerLoop(int index);
 
   int n_threads_;
@@ -56,6 +70,8 @@ class ThreadPool {
   // Written by the caller before bumping generation_ (release), read by workers after (acquire).
   FnRef job_{nullptr, nullptr};
   int64_t job_n_ = 0;
+  int64_t job_chunk_ = 0;
+  alignas(64) std::atomic<int64_t> next_{0};
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};

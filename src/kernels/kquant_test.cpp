@@ -156,13 +156,14 @@ class KKernelTest : public ::testing::TestWithParam<KCase> {
 TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
   const auto [cpu, f] = GetParam();
   const KernelTable& k = GetKernels(cpu);
-  // Outputs not multiples of the 16-row tile, 1..13 activation rows (passes of 4 within groups
-  // of 8, and a second group), tile ranges that start after 0 and stop before the end.
+  // Outputs not multiples of the 16-row tile, 1..13 activation rows (every row count of a tile
+  // visit, passes of 4 within groups of 8, a second group), tile ranges that start after 0 and
+  // stop before the end.
   for (int64_t cols : {256, 768}) {
     for (int64_t out : {1, 15, 17, 50}) {
       const auto src = RandomBlocks(f, out, cols, static_cast<uint32_t>(out * 13 + cols));
       const KMatrix m = Pack(f, src, out, cols);
-      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
         const QActs a = Quantize(RandomActs(n * cols, static_cast<uint32_t>(n * 5 + cols)), n, cols);
         const int64_t t0 = m.tiles() > 2 ? 1 : 0, t1 = m.tiles() > 3 ? m.tiles() - 1 : m.tiles();
         const int64_t o0 = t0 * kKTile, o1 = std::min(out, t1 * kKTile);

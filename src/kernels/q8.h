@@ -93,9 +93,16 @@ struct QActs {
   // sub-block minimum (Q4_K): per-row sums of the quantized activations, filled by ComputeSums.
   std::vector<int16_t> sums16;  // (n_rows, cols / 16): sum of q over inputs 16j..16j+15 (|sum| <= 2032)
   std::vector<float> sums32;    // (n_rows, cols / 32): scale * sum of q over inputs 32j..32j+31
+  // q again, interleaved for the native kernels' broadcasts: blocks of kInterleaveRows rows,
+  // and inside a block the 4 bytes of inputs 4k..4k+3 of each row side by side:
+  // qi[(r / 8) * cols * 8 + (i / 4) * 32 + (r % 8) * 4 + i % 4] = q[r * cols + i]. A kernel then
+  // reaches every row's word of a 4-input step at a constant offset from one pointer.
+  static constexpr int64_t kInterleaveRows = 8;
+  std::vector<int8_t> qi;
   // Grows the buffers (never shrinks them) for rows x c inputs (c % kActGroup == 0).
   void Resize(int64_t rows, int64_t c);
-  // Fills sums16 and sums32 of rows [r_begin, r_end) from q and scales.
+  // Fills sums16, sums32 and qi of rows [r_begin, r_end) from q and scales (threads may fill
+  // disjoint row ranges at once).
   void ComputeSums(int64_t r_begin, int64_t r_end);
 };
 

@@ -402,16 +402,24 @@ void Model::QuantizeInput(const float* x, int64_t n_rows, int64_t cols) {
   });
 }
 
+// Matmul ops hand out their output tiles in chunks that the threads claim as they go (about 8
+// per thread): on a machine where a thread is descheduled or its memory stream is slower for a
+// while, the other takes over its share instead of waiting for it at the end of the op.
+int64_t Model::TileChunk(int64_t tiles) const {
+  return std::max<int64_t>(1, tiles / (8 * pool_->size()));
+}
+
 void Model::MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y) {
-  pool_->ParallelFor(w.tiles(),
-                     [&](int64_t b, int64_t e, int) { MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), b, e); });
+  pool_->ParallelForDynamic(w.tiles(), TileChunk(w.tiles()), [&](int64_t b, int64_t e, int) {
+    MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), b, e);
+  });
 }
 
 // q, k and v projections of the quantized input in one parallel op: the threads split the
 // concatenated output tiles of the three matrices.
 void Model::MatmulQkv(const LayerWeights& L, int64_t n_rows) {
   const int64_t tq = L.wq.tiles(), tk = L.wk.tiles(), tv = L.wv.tiles();
-  pool_->ParallelFor(tq + tk + tv, [&](int64_t b, int64_t e, int) {
+  pool_->ParallelForDynamic(tq + tk + tv, TileChunk(tq + tk + tv), [&](int64_t b, int64_t e, int) {
     auto part = [&](const WeightMatrix& w, int64_t off, float* y) {
       const int64_t lo = std::max(b, off) - off, hi = std::min(e, off + w.tiles()) - off;
       if (hi > lo) MatmulTiles(*kernels_, w, qa_, n_rows, y, w.rows(), lo, hi);
@@ -711,7 +719,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       }
     } else {  // gate and up projections with the GLU, one pass
       QuantizeInput(h_.data(), n, d);
-      pool_->ParallelFor(L.w_gate.tiles(), [&](int64_t b, int64_t e, int) {
+      pool_->ParallelForDynamic(L.w_gate.tiles(), TileChunk(L.w_gate.tiles()), [&](int64_t b, int64_t e, int) {
         MatmulGluTiles(*kernels_, L.w_gate, L.w_up, qa_, n, act, gate_.data(), ff, b, e);
       });
     }

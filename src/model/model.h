@@ -198,6 +198,7 @@ class Model {
   void Matmul(const WeightMatrix& w, const float* x, int64_t n_rows, float* y);
   void MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy);
   void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
+  int64_t TileChunk(int64_t tiles) const;  // chunk size of a matmul op for ParallelForDynamic
   void MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y);
   void MatmulQkv(const LayerWeights& L, int64_t n_rows);
   void InitRope();

@@ -39,7 +39,7 @@ struct Q4K {
   static constexpr KFormat kFormat = KFormat::kQ4K;
   using Scales = Q4KHalf;
 
-  static void Decode(const uint8_t* blk, int h, Q4KHalf* m) {
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, Q4KHalf* m) {
     m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
     __m128i p[12];
@@ -60,8 +60,11 @@ struct Q4K {
     }
   }
 
+  // Half h of super-block s against rows 0..R-1 of a: acc[r] += the scaled dot products minus
+  // the minimum terms.
   template <int R>
-  static void Pass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     for (int k = 0; k < 4; ++k) {
       const uint8_t* q = blk + 256 + 512 * k + 32 * h;
@@ -75,14 +78,13 @@ struct Q4K {
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(x)));
-          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(x + 32)));
+          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
+          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 32 + 4 * c) + 4 * r)));
         }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const float* xs = a.Xs(r0 + r);
+        const float* xs = a.Xs(r);
         const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
         if constexpr (kActGroup == 64) {
           const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
@@ -93,7 +95,7 @@ struct Q4K {
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ihi), _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup + 1])),
                                    acc[r]);
         }
-        const float* s32 = a.S32(r0 + r) + i0 / 32;
+        const float* s32 = a.S32(r) + i0 / 32;
         acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k], _mm256_set1_ps(s32[0]), acc[r]);
         acc[r] = _mm256_fnmadd_ps(m.dmm[2 * k + 1], _mm256_set1_ps(s32[1]), acc[r]);
       }
@@ -128,8 +130,10 @@ struct Q6K {
       m->offp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
   }
 
+  // Half h of super-block s against rows 0..R-1 of a: acc[r] += the scaled dot products.
   template <int R>
-  static void Pass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& a, int64_t s, int r0, __m256* acc) {
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q6KHalf& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     for (int n = 0; n < 2; ++n) {
       const int64_t i0 = s * kKSuper + 128 * n;
@@ -152,10 +156,9 @@ struct Q6K {
         const int sub = 8 * n + c / 4;
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
 #pragma GCC unroll 4
           for (int mm = 0; mm < 4; ++mm) {
-            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
+            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(a.I(i0 + 32 * mm + 4 * c) + 4 * r));
             __m256i& ia = iacc[mm * kQ6Acc / 4][r];
             ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, m.scp[sub + 2 * mm]));
           }
@@ -163,14 +166,14 @@ struct Q6K {
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
+        const int16_t* s16 = a.S16(r) + i0 / 16;
         __m256i off[kQ6Acc];
         for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm256_setzero_si256();
         for (int mm = 0; mm < 4; ++mm) {
           off[mm * kQ6Acc / 4] =
               _mm256_add_epi32(off[mm * kQ6Acc / 4], _mm256_madd_epi16(m.offp[4 * n + mm], Bcast4(s16 + 2 * mm)));
         }
-        const float* xs = a.Xs(r0 + r);
+        const float* xs = a.Xs(r);
         for (int j = 0; j < kQ6Acc; ++j) {
           const __m256i v = _mm256_sub_epi32(iacc[j][r], _mm256_slli_epi32(off[j], 5));
           const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[(i0 + j * (128 / kQ6Acc)) / kActGroup]));
@@ -181,14 +184,28 @@ struct Q6K {
   }
 };
 
-// The tile kernel of format F (Q4K, Q6K): per super-block and half tile, F's scales are decoded
-// once, then the rows run in passes of up to kPass against the block while it is in L1.
+// The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators (two
+// halves of 8 outputs each) kept over the whole tile, in registers where the 16 ymm allow; per
+// super-block and half tile F's scales are decoded once, then the rows run in passes of up to
+// kPass against the block while it is in L1.
 template <class F>
 struct KTile {
-  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
-    __m256 acc[2][kKRows];
+  template <int R>
+  [[gnu::always_inline]] static void Passes(const uint8_t* blk, int h, const typename F::Scales& m, const ActRows& a,
+                                            int64_t s, __m256* acc) {
+    if constexpr (R <= kPass) {
+      F::template Pass<R>(blk, h, m, a, s, acc);
+    } else {
+      F::template Pass<kPass>(blk, h, m, a, s, acc);
+      Passes<R - kPass>(blk, h, m, a.From(kPass), s, acc + kPass);
+    }
+  }
+
+  template <int R>
+  static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
+    __m256 acc[2][R];
     for (int h = 0; h < 2; ++h) {
-      for (int r = 0; r < nr; ++r) acc[h][r] = _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
     }
     typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
@@ -196,27 +213,34 @@ struct KTile {
       PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
       for (int h = 0; h < 2; ++h) {
         F::Decode(blk, h, &m);
-        for (int r0 = 0; r0 < nr; r0 += kPass) {
-          switch (nr - r0 < kPass ? nr - r0 : kPass) {
-            case 1:
-              F::template Pass<1>(blk, h, m, a, s, r0, acc[h] + r0);
-              break;
-            case 2:
-              F::template Pass<2>(blk, h, m, a, s, r0, acc[h] + r0);
-              break;
-            case 3:
-              F::template Pass<3>(blk, h, m, a, s, r0, acc[h] + r0);
-              break;
-            default:
-              F::template Pass<4>(blk, h, m, a, s, r0, acc[h] + r0);
-              break;
-          }
-        }
+        Passes<R>(blk, h, m, a, s, acc[h]);
       }
     }
-    for (int r = 0; r < nr; ++r) {
+    for (int r = 0; r < R; ++r) {
       _mm256_store_ps(out[r], acc[0][r]);
       _mm256_store_ps(out[r] + 8, acc[1][r]);
+    }
+  }
+
+  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
+    static_assert(kKRows == 8);
+    switch (nr) {
+      case 1:
+        return RunRows<1>(w, t, a, out);
+      case 2:
+        return RunRows<2>(w, t, a, out);
+      case 3:
+        return RunRows<3>(w, t, a, out);
+      case 4:
+        return RunRows<4>(w, t, a, out);
+      case 5:
+        return RunRows<5>(w, t, a, out);
+      case 6:
+        return RunRows<6>(w, t, a, out);
+      case 7:
+        return RunRows<7>(w, t, a, out);
+      default:
+        return RunRows<8>(w, t, a, out);
     }
   }
 };

@@ -22,12 +22,11 @@
 
 namespace {
 
-// Activation rows per pass over a super-block: up to 8 (16 int32 accumulators of Q4_K or Q6_K
-// plus the unpacked weights fit the 32 zmm registers), so verify steps unpack each weight once.
-constexpr int kPass = 8;
-
-inline __m512i Bcast4(const void* p) {
-  return _mm512_set1_epi32(Load4(p));
+// acc += u8 w . s8 (4 bytes at x, broadcast to every lane): vpdpbusd with an embedded broadcast
+// from memory, one instruction (GCC 12 emits a separate vpbroadcastd for the intrinsic).
+inline __m512i DpbusdBcast(__m512i acc, __m512i w, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -41,14 +40,19 @@ struct Q4KScales {
 
 struct Q4K {
   static constexpr KFormat kFormat = KFormat::kQ4K;
+  static constexpr int kHeadBytes = 256;  // d, dmin and scales, before the quants
+  static constexpr int kPassRows = 4;     // rows per pass over a super-block (registers)
   using Scales = Q4KScales;
 
-  static void Decode(const uint8_t* blk, Q4KScales* m) {
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q4KScales* m) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    // Odd sub-blocks are the high nibbles, which the kernel multiplies in place (16 q): 1/16 here.
+    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     __m128i p[12];  // plane j: packed scale byte j of the 16 rows
     for (int j = 0; j < 12; ++j) p[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j));
     const __m128i m63 = _mm_set1_epi8(63), m0f = _mm_set1_epi8(0x0F), m30 = _mm_set1_epi8(0x30);
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {  // ggml get_scale_min_k4, 16 rows at a time (16-bit shifts, byte masks)
       __m128i sc, mn;
       if (j < 4) {
@@ -58,52 +62,71 @@ struct Q4K {
         sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
         mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
       }
-      // Odd sub-blocks are the high nibbles, which the kernel multiplies in place (16 q): 1/16 here.
-      const __m512 dj = (j & 1) ? _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16)) : d;
-      m->dsc[j] = _mm512_mul_ps(dj, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+      m->dsc[j] = _mm512_mul_ps((j & 1) ? d16 : d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
       m->dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
     }
   }
 
-  // acc[r] += rows r0..r0+R-1 of a . super-block s of the tile (blk).
+  // Super-block s of the tile (blk) against rows 0..R-1 of a: acc[r] += the scaled dot products,
+  // mins[r] += the minimum terms (subtracted at the end; with 4 or more rows they go straight
+  // into acc). With fewer than 4 rows the chunks
+  // alternate between two sets of integer accumulators and the minimum terms have their own
+  // registers, so the dependency chains stay short (decode is the 1-row case); with more rows
+  // there is parallelism across rows and the registers go to the rows instead.
   template <int R>
-  static void Pass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s, int r0, __m512* acc) {
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512* mins) {
+    constexpr int kSets = R < 4 ? 2 : 1;
     const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {  // activation group of 64: sub-blocks 2k (low nibbles), 2k+1 (high)
       const uint8_t* q = blk + 256 + 512 * k;
       const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
-      __m512i ilo[R], ihi[R];
-      for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+      __m512i ilo[kSets][R], ihi[kSets][R];
+      for (int u = 0; u < kSets; ++u) {
+        for (int r = 0; r < R; ++r) ilo[u][r] = ihi[u][r] = _mm512_setzero_si512();
+      }
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
+        PrefetchLine(q + 64 * c);
         const __m512i v = _mm512_loadu_si512(q + 64 * c);
         const __m512i lo = _mm512_and_si512(v, m0f);
         // High nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32 without
         // saturation, and the 1/16 is folded into the scale, so no shift is needed.
         const __m512i hi = _mm512_and_si512(v, mf0);
+        const int u = c % kSets;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
-          ilo[r] = _mm512_dpbusd_epi32(ilo[r], lo, Bcast4(x));
-          ihi[r] = _mm512_dpbusd_epi32(ihi[r], hi, Bcast4(x + 32));
+          ilo[u][r] = DpbusdBcast(ilo[u][r], lo, a.I(i0 + 4 * c) + 4 * r);
+          ihi[u][r] = DpbusdBcast(ihi[u][r], hi, a.I(i0 + 32 + 4 * c) + 4 * r);
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const float* xs = a.Xs(r0 + r);
+        __m512i lo = ilo[0][r], hi = ihi[0][r];
+        if constexpr (kSets == 2) {
+          lo = _mm512_add_epi32(lo, ilo[1][r]);
+          hi = _mm512_add_epi32(hi, ihi[1][r]);
+        }
+        const float* xs = a.Xs(r);
         if constexpr (kActGroup == 64) {
-          __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ilo[r]), m.dsc[2 * k]);
-          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi[r]), m.dsc[2 * k + 1], f);
+          __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), m.dsc[2 * k]);
+          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), m.dsc[2 * k + 1], f);
           acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[i0 / kActGroup]), acc[r]);
         } else {
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ilo[r]),
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo),
                                    _mm512_mul_ps(m.dsc[2 * k], _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ihi[r]),
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi),
                                    _mm512_mul_ps(m.dsc[2 * k + 1], _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
         }
-        const float* s32 = a.S32(r0 + r) + i0 / 32;
-        acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), acc[r]);
-        acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), acc[r]);
+        const float* s32 = a.S32(r) + i0 / 32;
+        if constexpr (R < 4) {
+          mins[r] = _mm512_fmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), mins[r]);
+          mins[r] = _mm512_fmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), mins[r]);
+        } else {
+          acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), acc[r]);
+          acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), acc[r]);
+        }
       }
     }
   }
@@ -112,78 +135,98 @@ struct Q4K {
 // ---------------------------------------------------------------------------------------------
 // Q6_K
 
-// Int accumulators per (row, pass): with 64-input activation groups, one per group (2 per
-// 128-input half); with 32, one per quant vector of a group of 192 bytes.
-constexpr int kQ6Acc = kActGroup == 64 ? 2 : 4;
-
-// Per (tile, super-block): (sc, sc) int16 pairs per sub-block for the dot products, and
-// (sc[2p], sc[2p+1]) pairs for the offset term, 16 outputs each.
+// Per (tile, super-block): d, the int8 sub-block scales widened to int32, and (sc[2p], sc[2p+1])
+// int16 pairs for the offset term, 16 outputs each.
 struct Q6KScales {
   __m512 d;
-  __m512i scp[16];
+  __m512i sc[16];
   __m512i offp[8];
 };
 
 struct Q6K {
   static constexpr KFormat kFormat = KFormat::kQ6K;
+  static constexpr int kHeadBytes = 288;  // d and scales, before the quants
+  static constexpr int kPassRows = 4;     // rows per pass over a super-block (registers)
   using Scales = Q6KScales;
 
-  static void Decode(const uint8_t* blk, Q6KScales* m) {
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q6KScales* m) {
     m->d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
-    __m512i v[16];
+#pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
-      v[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * j)));
-      m->scp[j] = _mm512_or_si512(_mm512_and_si512(v[j], lo16), _mm512_slli_epi32(v[j], 16));
+      m->sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * j)));
     }
-    for (int p = 0; p < 8; ++p)
-      m->offp[p] = _mm512_or_si512(_mm512_and_si512(v[2 * p], lo16), _mm512_slli_epi32(v[2 * p + 1], 16));
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      m->offp[p] = _mm512_or_si512(_mm512_and_si512(m->sc[2 * p], lo16), _mm512_slli_epi32(m->sc[2 * p + 1], 16));
+    }
   }
 
+  // 6-bit quant vector mm (0..3) of a 192-byte group g: the quants of inputs 32 mm + 4c..+3 of
+  // the half (ggml's ql nibble | qh bit pair << 4), u8 in [0, 63], 16 rows. mm is a constant
+  // once the callers' loops are unrolled.
+  [[gnu::always_inline]] static __m512i Unpack(int mm, const uint8_t* g, __m512i m0f, __m512i m30) {
+    const __m512i l = _mm512_loadu_si512(g + (mm & 1) * 64), h = _mm512_loadu_si512(g + 128);
+    const __m512i lo = (mm & 2) ? _mm512_srli_epi16(l, 4) : l;
+    const __m512i hi = mm == 0   ? _mm512_slli_epi16(h, 4)
+                       : mm == 1 ? _mm512_slli_epi16(h, 2)
+                       : mm == 2 ? h
+                                 : _mm512_srli_epi16(h, 2);
+    return _mm512_or_si512(_mm512_and_si512(lo, m0f), _mm512_and_si512(hi, m30));
+  }
+
+  // The 6-bit quants against s8 activations with vpdpbusd, one sub-block of 16 inputs at a time
+  // (32-input block mm of the half, chunks 4h..4h+3): its int32 sums (|sum| <= 16 * 63 * 127)
+  // are multiplied by the sub-block scale in int32 (|sc * sum| < 2^24) and summed per
+  // activation group; ggml's -32 offset is subtracted as 32 * sum(sc * sum16(x)) (vpdpwssd on
+  // the activation sums). Exact in int32; one FP scale per (row, group). Only R sub-block and
+  // 2R (or 4R) group accumulators are live, so 8 rows fit the registers. `mins` is unused.
   template <int R>
-  static void Pass(const uint8_t* blk, const Q6KScales& m, const ActRows& a, int64_t s, int r0, __m512* acc) {
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q6KScales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512*) {
+    constexpr int kGroups = kActGroup == 64 ? 2 : 4;  // activation groups per 128-input half
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
     for (int n = 0; n < 2; ++n) {  // 128-input halves of the super-block
       const int64_t i0 = s * kKSuper + 128 * n;
-      __m512i iacc[kQ6Acc][R];
-      for (int j = 0; j < kQ6Acc; ++j) {
-        for (int r = 0; r < R; ++r) iacc[j][r] = _mm512_setzero_si512();
+      __m512i tot[kGroups][R];  // per group: sum of sc * dot over its sub-blocks
+      for (int gi = 0; gi < kGroups; ++gi) {
+        for (int r = 0; r < R; ++r) tot[gi][r] = _mm512_setzero_si512();
       }
 #pragma GCC unroll 2
-      for (int c = 0; c < 8; ++c) {
-        const uint8_t* g = blk + 288 + (8 * n + c) * 192;
-        const __m512i va = _mm512_loadu_si512(g), vb = _mm512_loadu_si512(g + 64), vh = _mm512_loadu_si512(g + 128);
-        // Quants of inputs i0 + 32 m + 4c..+3, m = 0..3 (ggml's ql nibble | qh bit pair << 4).
-        __m512i q[4];
-        q[0] = _mm512_or_si512(_mm512_and_si512(va, m0f), _mm512_and_si512(_mm512_slli_epi16(vh, 4), m30));
-        q[1] = _mm512_or_si512(_mm512_and_si512(vb, m0f), _mm512_and_si512(_mm512_slli_epi16(vh, 2), m30));
-        q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(va, 4), m0f), _mm512_and_si512(vh, m30));
-        q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(vb, 4), m0f),
-                               _mm512_and_si512(_mm512_srli_epi16(vh, 2), m30));
-        const int sub = 8 * n + c / 4;  // sub-block (16 inputs) of q[0]; q[mm] is sub + 2 mm
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.Q(r0 + r) + i0 + 4 * c;
+      for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 4
-          for (int mm = 0; mm < 4; ++mm) {
-            const __m512i p = _mm512_maddubs_epi16(q[mm], Bcast4(x + 32 * mm));
-            iacc[mm * kQ6Acc / 4][r] = _mm512_dpwssd_epi32(iacc[mm * kQ6Acc / 4][r], p, m.scp[sub + 2 * mm]);
+        for (int mm = 0; mm < 4; ++mm) {
+          __m512i iacc[R];
+          for (int r = 0; r < R; ++r) iacc[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int c = 4 * h; c < 4 * h + 4; ++c) {
+            if (mm < 3) PrefetchLine(blk + 288 + (8 * n + c) * 192 + 64 * mm);
+            const __m512i q = Unpack(mm, blk + 288 + (8 * n + c) * 192, m0f, m30);
+            const int8_t* x = a.I(i0 + 32 * mm + 4 * c);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) iacc[r] = DpbusdBcast(iacc[r], q, x + 4 * r);
           }
+          const __m512i sc = m.sc[8 * n + 2 * mm + h];
+          const int gi = mm * kGroups / 4;
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) tot[gi][r] = _mm512_add_epi32(tot[gi][r], _mm512_mullo_epi32(iacc[r], sc));
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        // Offset: 32 * sum over the sub-blocks of sc * sum(x); q[mm] spans sub-blocks 8n + 2mm, +1.
-        const int16_t* s16 = a.S16(r0 + r) + i0 / 16;
-        __m512i off[kQ6Acc];
-        for (int j = 0; j < kQ6Acc; ++j) off[j] = _mm512_setzero_si512();
-        for (int mm = 0; mm < 4; ++mm) {
-          off[mm * kQ6Acc / 4] = _mm512_dpwssd_epi32(off[mm * kQ6Acc / 4], m.offp[4 * n + mm], Bcast4(s16 + 2 * mm));
-        }
-        const float* xs = a.Xs(r0 + r);
-        for (int j = 0; j < kQ6Acc; ++j) {
-          const __m512i v = _mm512_sub_epi32(iacc[j][r], _mm512_slli_epi32(off[j], 5));
-          const __m512 ds = _mm512_mul_ps(m.d, _mm512_set1_ps(xs[(i0 + j * (128 / kQ6Acc)) / kActGroup]));
+        const int16_t* s16 = a.S16(r) + i0 / 16;
+        const float* xs = a.Xs(r);
+        // Offset: 32 * sum over the sub-blocks of sc * sum16(x); block mm spans sub-blocks
+        // 8n + 2mm, +1 (one offp pair).
+#pragma GCC unroll 4
+        for (int gi = 0; gi < kGroups; ++gi) {
+          __m512i off = _mm512_setzero_si512();
+          for (int mm = gi * 4 / kGroups; mm < (gi + 1) * 4 / kGroups; ++mm) {
+            off = _mm512_dpwssd_epi32(off, m.offp[4 * n + mm], _mm512_set1_epi32(Load4(s16 + 2 * mm)));
+          }
+          const __m512i v = _mm512_sub_epi32(tot[gi][r], _mm512_slli_epi32(off, 5));
+          const __m512 ds = _mm512_mul_ps(m.d, _mm512_set1_ps(xs[(i0 + gi * kActGroup) / kActGroup]));
           acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), ds, acc[r]);
         }
       }
@@ -191,45 +234,56 @@ struct Q6K {
   }
 };
 
-// The tile kernel of format F (Q4K, Q6K): per super-block, F's scales are decoded once, then
-// the rows run in passes of up to kPass against the block while it is in L1.
+// The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators in
+// registers over the whole tile; per super-block F's scales are decoded once and the rows run in
+// passes of up to F::kPassRows against the block while it is in L1.
 template <class F>
 struct KTile {
-  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
-    __m512 acc[kKRows];
-    for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
+  template <int R>
+  [[gnu::always_inline]] static void Passes(const uint8_t* blk, const typename F::Scales& m, const ActRows& a,
+                                            int64_t s, __m512* acc, __m512* mins) {
+    if constexpr (R <= F::kPassRows) {
+      F::template Pass<R>(blk, m, a, s, acc, mins);
+    } else {
+      F::template Pass<F::kPassRows>(blk, m, a, s, acc, mins);
+      Passes<R - F::kPassRows>(blk, m, a.From(F::kPassRows), s, acc + F::kPassRows, mins + F::kPassRows);
+    }
+  }
+
+  template <int R>
+  static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
+    __m512 acc[R], mins[R];
+    for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
     typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
       const uint8_t* blk = w.block(t, s);
-      PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
+      for (int i = 0; i < F::kHeadBytes; i += 64) PrefetchLine(blk + i);
       F::Decode(blk, &m);
-      for (int r0 = 0; r0 < nr;) {
-        const int left = nr - r0;
-        switch (left >= kPass ? kPass : (left >= 4 ? 4 : left)) {
-          case 1:
-            F::template Pass<1>(blk, m, a, s, r0, acc + r0);
-            r0 += 1;
-            break;
-          case 2:
-            F::template Pass<2>(blk, m, a, s, r0, acc + r0);
-            r0 += 2;
-            break;
-          case 3:
-            F::template Pass<3>(blk, m, a, s, r0, acc + r0);
-            r0 += 3;
-            break;
-          case 4:
-            F::template Pass<4>(blk, m, a, s, r0, acc + r0);
-            r0 += 4;
-            break;
-          default:
-            F::template Pass<kPass>(blk, m, a, s, r0, acc + r0);
-            r0 += kPass;
-            break;
-        }
-      }
+      Passes<R>(blk, m, a, s, acc, mins);
     }
-    for (int r = 0; r < nr; ++r) _mm512_store_ps(out[r], acc[r]);
+    for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_sub_ps(acc[r], mins[r]));
+  }
+
+  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
+    static_assert(kKRows == 8);
+    switch (nr) {
+      case 1:
+        return RunRows<1>(w, t, a, out);
+      case 2:
+        return RunRows<2>(w, t, a, out);
+      case 3:
+        return RunRows<3>(w, t, a, out);
+      case 4:
+        return RunRows<4>(w, t, a, out);
+      case 5:
+        return RunRows<5>(w, t, a, out);
+      case 6:
+        return RunRows<6>(w, t, a, out);
+      case 7:
+        return RunRows<7>(w, t, a, out);
+      default:
+        return RunRows<8>(w, t, a, out);
+    }
   }
 };
 

@@ -32,7 +32,8 @@ using mr::kKTile;
 using mr::KMatrix;
 using mr::QActs;
 
-constexpr int kKRows = 8;                    // activation rows per tile visit
+constexpr int kKRows = 8;  // activation rows per tile visit (QActs::kInterleaveRows)
+static_assert(kKRows == QActs::kInterleaveRows);
 constexpr int64_t kKChunkBytes = 96 * 1024;  // weight bytes per L2-resident chunk of tiles
 // Software prefetch distance in the weight stream (0: none, the default). A burst of prefetches
 // per super-block 4 KiB ahead cost ~20% more CPU per decode token on Qwen2.5-Coder-1.5B (Zen 4,
@@ -44,27 +45,44 @@ constexpr int64_t kKChunkBytes = 96 * 1024;  // weight bytes per L2-resident chu
 constexpr int64_t kKPrefetchBytes = MR_KPREFETCH;
 
 // Rows of quantized activations as the tile kernels read them (row r at q + r * cols, ...).
+// qi: the interleaved copy (QActs::qi) at row 0 of these rows: the 4 quantized inputs i..i+3
+// (i % 4 == 0) of row r are at I(i) + 4 r, so all the rows' broadcasts of one step are at
+// constant offsets from one pointer.
 struct ActRows {
   const int8_t* q;     // (rows, cols)
   const float* xs;     // (rows, cols / kActGroup)
   const int16_t* s16;  // (rows, cols / 16)
   const float* s32;    // (rows, cols / 32)
+  const int8_t* qi;    // QActs::qi at row 0 of these rows
   int64_t cols;
   const int8_t* Q(int r) const { return q + r * cols; }
   const float* Xs(int r) const { return xs + r * (cols / kActGroup); }
   const int16_t* S16(int r) const { return s16 + r * (cols / 16); }
   const float* S32(int r) const { return s32 + r * (cols / 32); }
+  const int8_t* I(int64_t i) const { return qi + i * QActs::kInterleaveRows; }
+  // Rows r.. of these rows (r + their count <= QActs::kInterleaveRows for the interleaved copy).
+  ActRows From(int r) const { return {Q(r), Xs(r), S16(r), S32(r), qi + 4 * r, cols}; }
 };
 
 inline ActRows RowsOf(const QActs& x, int64_t r0) {
-  return {x.q.data() + r0 * x.cols, x.scales.data() + r0 * (x.cols / kActGroup), x.sums16.data() + r0 * (x.cols / 16),
-          x.sums32.data() + r0 * (x.cols / 32), x.cols};
+  constexpr int64_t kIr = QActs::kInterleaveRows;
+  return {x.q.data() + r0 * x.cols,
+          x.scales.data() + r0 * (x.cols / kActGroup),
+          x.sums16.data() + r0 * (x.cols / 16),
+          x.sums32.data() + r0 * (x.cols / 32),
+          x.qi.data() + (r0 / kIr) * x.cols * kIr + (r0 % kIr) * 4,
+          x.cols};
 }
 
 inline int32_t Load4(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// Prefetches the line kKPrefetchBytes ahead of p (kernels call it once per 64 bytes they read).
+inline void PrefetchLine(const uint8_t* p) {
+  if (kKPrefetchBytes > 0) _mm_prefetch(reinterpret_cast<const char*>(p + kKPrefetchBytes), _MM_HINT_T0);
 }
 
 // Prefetches the 64-byte lines of [p, p + n) kKPrefetchBytes ahead.
