@@ -114,17 +114,18 @@ WeightMatrix RandomWeights(WeightFormat f, int64_t rows, int64_t cols, XorShift&
     w.q8 = PackQ8(base);  // the kernels read the tile-interleaved layout
     return w;
   }
-  const KFormat kf = f == WeightFormat::kQ4K ? KFormat::kQ4K : KFormat::kQ6K;
+  const KFormat kf = KFormatOf(f);
   w.k = NewKMatrix(kf, rows, cols);
   for (uint8_t& b : w.k.data) b = static_cast<uint8_t>(rng.Next());
-  // Finite f16 d (and dmin) for the 16 rows of every block (kquant.h layout: d at 2o, dmin at 32 + 2o).
+  // Finite f16 d (and dmin / m) for the 16 rows of every block (kquant.h layouts: d at 2o, dmin or
+  // m at 32 + 2o).
   const uint16_t d = F32ToF16(0.001f);
   for (int64_t t = 0; t < w.k.tiles(); ++t) {
     for (int64_t sb = 0; sb < w.k.supers(); ++sb) {
       uint8_t* blk = w.k.data.data() + (t * w.k.supers() + sb) * KBlockBytes(kf);
       for (int o = 0; o < kKTile; ++o) {
         std::memcpy(blk + 2 * o, &d, 2);
-        if (kf == KFormat::kQ4K) std::memcpy(blk + 32 + 2 * o, &d, 2);
+        if (kf == KFormat::kQ4K || kf == KFormat::kQ4_1) std::memcpy(blk + 32 + 2 * o, &d, 2);  // dmin / m
       }
     }
   }
@@ -158,11 +159,14 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, WeightFormat 
     for (int it = 0; it < iters + static_cast<int>(n_copies); ++it) {  // first pass over the copies warms up
       const WeightMatrix& w = copies[static_cast<size_t>(it % n_copies)];
       const auto t0 = std::chrono::steady_clock::now();
-      pool.ParallelFor(w.tiles(), [&](int64_t b, int64_t e, int thread) {
-        const double c0 = ThreadCpuSeconds();
-        MatmulTiles(kernels, w, xa, n, y.data(), rows, b, e);
-        cpu_s[static_cast<size_t>(thread)] = ThreadCpuSeconds() - c0;
-      });
+      std::fill(cpu_s.begin(), cpu_s.end(), 0.0);
+      // Split as the model splits a matmul (Model::TileChunk): chunks claimed dynamically.
+      pool.ParallelForDynamic(w.tiles(), std::max<int64_t>(1, w.tiles() / (8 * n_threads)),
+                              [&](int64_t b, int64_t e, int thread) {
+                                const double c0 = ThreadCpuSeconds();
+                                MatmulTiles(kernels, w, xa, n, y.data(), rows, b, e);
+                                cpu_s[static_cast<size_t>(thread)] += ThreadCpuSeconds() - c0;
+                              });
       const double s = SecondsSince(t0);
       if (it >= n_copies) {
         ms.push_back(s * 1e3);

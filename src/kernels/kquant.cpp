@@ -53,10 +53,35 @@ void DequantQ6KBlock(const uint8_t* x, float* y) {
   }
 }
 
+// block_q5_0: 5-bit q = low nibble | (bit j of qh) << 4 for input j, high nibble | (bit j + 16
+// of qh) << 4 for input j + 16; y = (q - 16) * d.
+void DequantQ50Block(const uint8_t* x, float* y) {
+  const float d = LoadF16(x);
+  uint32_t qh;
+  std::memcpy(&qh, x + 2, 4);
+  const uint8_t* qs = x + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = static_cast<int>((qh >> j) & 1u) << 4;
+    const int h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+    y[j] = static_cast<float>(((qs[j] & 0x0F) | h0) - 16) * d;
+    y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
+  }
+}
+
+// block_q4_1: y = q * d + m with q in [0, 15].
+void DequantQ41Block(const uint8_t* x, float* y) {
+  const float d = LoadF16(x), m = LoadF16(x + 2);
+  const uint8_t* qs = x + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
 // KByteOffset as base + o * stride per ggml byte b, tabulated once per format.
 struct OffsetTable {
-  int32_t base[kQ6KSuperBytes];
-  int32_t stride[kQ6KSuperBytes];
+  int32_t base[kKMaxSuperBytes];
+  int32_t stride[kKMaxSuperBytes];
 };
 
 OffsetTable MakeTable(KFormat f) {
@@ -69,23 +94,48 @@ OffsetTable MakeTable(KFormat f) {
 }
 
 const OffsetTable& Table(KFormat f) {
-  static const OffsetTable q4 = MakeTable(KFormat::kQ4K), q6 = MakeTable(KFormat::kQ6K);
-  return f == KFormat::kQ4K ? q4 : q6;
+  static const OffsetTable tables[kKFormats] = {MakeTable(KFormat::kQ4K), MakeTable(KFormat::kQ6K),
+                                                MakeTable(KFormat::kQ5_0), MakeTable(KFormat::kQ4_1)};
+  return tables[static_cast<int>(f)];
+}
+
+// Quant byte q of row o in 4-byte chunks of all 16 rows, from offset `at` of the block.
+int64_t QsOffset(int64_t at, int64_t o, int64_t q) {
+  return at + (q / 4) * 64 + 4 * o + q % 4;
 }
 
 }  // namespace
 
 const char* KFormatName(KFormat f) {
-  return f == KFormat::kQ4K ? "q4_k" : "q6_k";
+  switch (f) {
+    case KFormat::kQ4K:
+      return "q4_k";
+    case KFormat::kQ6K:
+      return "q6_k";
+    case KFormat::kQ5_0:
+      return "q5_0";
+    case KFormat::kQ4_1:
+      return "q4_1";
+  }
+  return "?";
 }
 
 int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
+  if (f == KFormat::kQ5_0) {
+    if (b < 2) return 2 * o + b;             // d
+    if (b < 6) return 32 + 4 * o + (b - 2);  // qh
+    return QsOffset(96, o, b - 6);           // qs
+  }
+  if (f == KFormat::kQ4_1) {
+    if (b < 2) return 2 * o + b;             // d
+    if (b < 4) return 32 + 2 * o + (b - 2);  // m
+    return QsOffset(64, o, b - 4);           // qs
+  }
   if (f == KFormat::kQ4K) {
     if (b < 2) return 2 * o + b;               // d
     if (b < 4) return 32 + 2 * o + (b - 2);    // dmin
     if (b < 16) return 64 + 16 * (b - 4) + o;  // scales
-    const int64_t q = b - 16;                  // qs
-    return 256 + (q / 4) * 64 + 4 * o + q % 4;
+    return QsOffset(256, o, b - 16);           // qs
   }
   if (b < 128) {  // ql: half n, first or second 32 bytes of the half, chunk c
     const int64_t n = b / 64, w = b % 64;
@@ -100,7 +150,7 @@ int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
 }
 
 KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols) {
-  MR_CHECK(rows > 0 && cols > 0 && cols % kKSuper == 0);
+  MR_CHECK(rows > 0 && cols > 0 && cols % KSuperInputs(f) == 0);
   KMatrix m;
   m.format = f;
   m.rows = rows;
@@ -113,13 +163,14 @@ Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* d
   const KFormat f = dst->format;
   const int64_t sb = KSuperBytes(f), supers = dst->supers(), row_bytes = supers * sb;
   const OffsetTable& tab = Table(f);
-  const int64_t d_at = f == KFormat::kQ4K ? 0 : 208;  // f16 d (and, for Q4_K, dmin after it)
+  const int64_t d_at = f == KFormat::kQ6K ? 208 : 0;              // f16 d
+  const bool second = f == KFormat::kQ4K || f == KFormat::kQ4_1;  // an f16 dmin / m after d
   for (int64_t t = t_begin; t < t_end; ++t) {
     for (int64_t o = t * kKTile; o < std::min((t + 1) * kKTile, dst->rows); ++o) {
       const int64_t r = o % kKTile;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* x = src + o * row_bytes + s * sb;
-        const bool finite = std::isfinite(LoadF16(x + d_at)) && (f != KFormat::kQ4K || std::isfinite(LoadF16(x + 2)));
+        const bool finite = std::isfinite(LoadF16(x + d_at)) && (!second || std::isfinite(LoadF16(x + 2)));
         if (!finite) {
           return InvalidArgument(std::string("[kquant] ") + KFormatName(f) + " row " + std::to_string(o) +
                                  ", super-block " + std::to_string(s) + ": scale is NaN or infinite");
@@ -154,19 +205,28 @@ std::vector<uint8_t> UnpackK(const KMatrix& m) {
 }
 
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst) {
-  uint8_t buf[kQ6KSuperBytes];
+  uint8_t buf[kKMaxSuperBytes];
   for (int64_t s = 0; s < m.supers(); ++s) {
     GatherBlock(m, o, s, buf);
-    DequantizeKBlocks(m.format, buf, dst + s * kKSuper, 1);
+    DequantizeKBlocks(m.format, buf, dst + s * KSuperInputs(m.format), 1);
   }
 }
 
 void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += KSuperBytes(f), y += kKSuper) {
-    if (f == KFormat::kQ4K) {
-      DequantQ4KBlock(x, y);
-    } else {
-      DequantQ6KBlock(x, y);
+  for (int64_t i = 0; i < nb; ++i, x += KSuperBytes(f), y += KSuperInputs(f)) {
+    switch (f) {
+      case KFormat::kQ4K:
+        DequantQ4KBlock(x, y);
+        break;
+      case KFormat::kQ6K:
+        DequantQ6KBlock(x, y);
+        break;
+      case KFormat::kQ5_0:
+        DequantQ50Block(x, y);
+        break;
+      case KFormat::kQ4_1:
+        DequantQ41Block(x, y);
+        break;
     }
   }
 }

@@ -1,11 +1,13 @@
-// Native K-quant weight formats: a GGUF file's own Q4_K / Q6_K words, reordered into tiles of
-// kKTile = 16 output rows so that one 64-byte load holds 4 quant bytes of each of the 16 rows.
-// The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin and the
-// packed 6-bit or int8 scales stay as stored); UnpackK restores the file's bytes exactly.
+// Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 words, reordered into tiles
+// of kKTile = 16 output rows so that one 64-byte load holds 4 quant bytes of each of the 16 rows.
+// The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin/m, the
+// packed 6-bit or int8 scales and Q5_0's high bits stay as stored); UnpackK restores the file's
+// bytes exactly.
 //
-// A matrix has `rows` outputs of `cols` inputs (cols % 256 == 0). Tile t covers outputs
-// 16t..16t+15 (the last tile padded with zero rows: d = 0, so they contribute nothing). Tile t,
-// super-block s (inputs 256s..256s+255) is one block of 16 * (ggml block bytes) at
+// A matrix has `rows` outputs of `cols` inputs (cols a multiple of the format's block inputs,
+// KSuperInputs: 256 for the K-quants, 32 for Q5_0 / Q4_1). Tile t covers outputs 16t..16t+15 (the
+// last tile padded with zero rows: d = 0, so they contribute nothing). Tile t, super-block s
+// (one ggml block per row: inputs s*KSuperInputs..) is one block of 16 * (ggml block bytes) at
 // (t * supers + s) * KBlockBytes(format). Inside a block, row o (0..15) of the tile:
 //
 //  Q4_K (ggml block_q4_K: d f16, dmin f16, scales[12], qs[128]; 2304-byte blocks):
@@ -25,6 +27,15 @@
 //                 qh[32n + 4c + i] at +128 + 4o + i (i = 0..3)
 //    One group gives the 6-bit quants of inputs 128n + 32m + 4c..+3 for m = 0..3 (ggml's split
 //    of ql nibbles and qh bit pairs), 16 rows each.
+//  Q5_0 (ggml block_q5_0: d f16, qh[4], qs[16]; 32 inputs; 352-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 96)     qh (the 32 fifth bits, a little-endian uint32) at 32 + 4o: one 32-bit lane per row
+//    [96, 352)    qs[b] at 96 + (b/4)*64 + 4o + b%4: chunk c holds the low nibbles of inputs
+//                 4c..4c+3 and the high nibbles of inputs 16 + 4c..+3 (bits 4c.. and 16 + 4c.. of qh)
+//  Q4_1 (ggml block_q4_1: d f16, m f16, qs[16]; 32 inputs; 320-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 64)     m of row o at 32 + 2o
+//    [64, 320)    qs[b] at 64 + (b/4)*64 + 4o + b%4 (chunks as Q5_0)
 #pragma once
 
 #include <cstdint>
@@ -34,15 +45,33 @@
 
 namespace mr {
 
-enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1 };
-constexpr int kKFormats = 2;
+enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1, kQ5_0 = 2, kQ4_1 = 3 };
+constexpr int kKFormats = 4;
 constexpr int64_t kKTile = 16;           // output rows per tile
-constexpr int64_t kKSuper = 256;         // inputs per super-block (ggml QK_K)
+constexpr int64_t kKSuper = 256;         // inputs per K-quant super-block (ggml QK_K)
+constexpr int64_t kKBlock32 = 32;        // inputs per Q5_0 / Q4_1 block (ggml QK5_0, QK4_1)
 constexpr int64_t kQ4KSuperBytes = 144;  // sizeof(block_q4_K)
 constexpr int64_t kQ6KSuperBytes = 210;  // sizeof(block_q6_K)
+constexpr int64_t kQ50BlockBytes = 22;   // sizeof(block_q5_0)
+constexpr int64_t kQ41BlockBytes = 20;   // sizeof(block_q4_1)
+constexpr int64_t kKMaxSuperBytes = kQ6KSuperBytes;
 
+// Inputs per super-block (one ggml block of one row) of format f.
+constexpr int64_t KSuperInputs(KFormat f) {
+  return f == KFormat::kQ4K || f == KFormat::kQ6K ? kKSuper : kKBlock32;
+}
 constexpr int64_t KSuperBytes(KFormat f) {
-  return f == KFormat::kQ4K ? kQ4KSuperBytes : kQ6KSuperBytes;
+  switch (f) {
+    case KFormat::kQ4K:
+      return kQ4KSuperBytes;
+    case KFormat::kQ6K:
+      return kQ6KSuperBytes;
+    case KFormat::kQ5_0:
+      return kQ50BlockBytes;
+    case KFormat::kQ4_1:
+      return kQ41BlockBytes;
+  }
+  return 0;
 }
 constexpr int64_t KBlockBytes(KFormat f) {
   return kKTile * KSuperBytes(f);
@@ -56,10 +85,10 @@ int64_t KByteOffset(KFormat f, int64_t o, int64_t b);
 struct KMatrix {
   KFormat format = KFormat::kQ4K;
   int64_t rows = 0;           // output features
-  int64_t cols = 0;           // input features, multiple of kKSuper
+  int64_t cols = 0;           // input features, multiple of KSuperInputs(format)
   std::vector<uint8_t> data;  // (tiles, supers, KBlockBytes) as described above
 
-  int64_t supers() const { return cols / kKSuper; }
+  int64_t supers() const { return cols / KSuperInputs(format); }
   int64_t tiles() const { return (rows + kKTile - 1) / kKTile; }
   const uint8_t* block(int64_t t, int64_t s) const { return data.data() + (t * supers() + s) * KBlockBytes(format); }
   // Bytes of weights read per use (padding rows excluded): the file's own size of the matrix.
@@ -75,9 +104,11 @@ KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols);
 Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst);
 // The ggml bytes of all real rows, row-major (the inverse permutation of PackKTiles).
 std::vector<uint8_t> UnpackK(const KMatrix& m);
-// Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K / _q6_K).
+// Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K, _q6_K,
+// _q5_0, _q4_1).
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
-// nb consecutive ggml blocks in file order -> nb * 256 floats, bit-identical to ggml-quants.c
+// nb consecutive ggml blocks in file order -> nb * KSuperInputs(f) floats, bit-identical to
+// ggml-quants.c
 // (the GGUF reader, model/dequant.cpp, uses these too).
 void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb);
 

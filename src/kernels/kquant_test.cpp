@@ -23,22 +23,27 @@ void PutF16(uint8_t* p, float v) {
   std::memcpy(p, &h, 2);
 }
 
+// Byte offset of the f16 d in a ggml block of format f; whether an f16 dmin (Q4_K) or m (Q4_1)
+// follows it at byte 2.
+int64_t DOffset(KFormat f) {
+  return f == KFormat::kQ6K ? 208 : 0;
+}
+bool HasSecondScale(KFormat f) {
+  return f == KFormat::kQ4K || f == KFormat::kQ4_1;
+}
+
 // Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin.
 std::vector<uint8_t> RandomBlocks(KFormat f, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.0005f, 0.02f);
-  const int64_t sb = KSuperBytes(f), n = rows * (cols / kKSuper);
+  const int64_t sb = KSuperBytes(f), n = rows * (cols / KSuperInputs(f));
   std::vector<uint8_t> v(static_cast<size_t>(n * sb));
   for (auto& b : v) b = static_cast<uint8_t>(byte(rng));
   for (int64_t i = 0; i < n; ++i) {
     uint8_t* x = v.data() + i * sb;
-    if (f == KFormat::kQ4K) {
-      PutF16(x, scale(rng));
-      PutF16(x + 2, scale(rng));
-    } else {
-      PutF16(x + 208, scale(rng));
-    }
+    PutF16(x + DOffset(f), scale(rng));
+    if (HasSecondScale(f)) PutF16(x + 2, f == KFormat::kQ4_1 ? -scale(rng) : scale(rng));  // dmin / m
   }
   return v;
 }
@@ -93,7 +98,7 @@ TEST_P(KFormatTest, PackedRowsDequantizeLikeTheGgufReader) {
   std::vector<float> a(cols), b(cols);
   for (int64_t o = 0; o < rows; ++o) {
     // The GGUF reader (model/dequant.cpp) dequantizes K-quant rows with DequantizeKBlocks.
-    DequantizeKBlocks(f, src.data() + o * (src.size() / rows), a.data(), cols / kKSuper);
+    DequantizeKBlocks(f, src.data() + o * (src.size() / rows), a.data(), cols / KSuperInputs(f));
     DequantizeKRow(m, o, b.data());
     ASSERT_EQ(a, b) << "row " << o;  // bit-identical
   }
@@ -102,14 +107,17 @@ TEST_P(KFormatTest, PackedRowsDequantizeLikeTheGgufReader) {
 TEST_P(KFormatTest, NonFiniteScaleIsRejectedWithItsRow) {
   const KFormat f = GetParam();
   auto src = RandomBlocks(f, 20, 256, 4);
-  PutF16(src.data() + 17 * KSuperBytes(f) + (f == KFormat::kQ4K ? 2 : 208), INFINITY);
+  // The last f16 scale of the block (dmin / m where there is one), in row 17's first block.
+  const int64_t per_row = 256 / KSuperInputs(f);
+  PutF16(src.data() + 17 * per_row * KSuperBytes(f) + (HasSecondScale(f) ? 2 : DOffset(f)), INFINITY);
   KMatrix m = NewKMatrix(f, 20, 256);
   const Status st = PackKTiles(src.data(), 0, m.tiles(), &m);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("row 17"), std::string::npos) << st.message();
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, KFormatTest, ::testing::Values(KFormat::kQ4K, KFormat::kQ6K),
+INSTANTIATE_TEST_SUITE_P(Formats, KFormatTest,
+                         ::testing::Values(KFormat::kQ4K, KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1),
                          [](const auto& info) { return std::string(KFormatName(info.param)); });
 
 std::vector<float> RandomActs(int64_t n, uint32_t seed) {
@@ -159,7 +167,8 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
   // Outputs not multiples of the 16-row tile, 1..13 activation rows (every row count of a tile
   // visit, passes of 4 within groups of 8, a second group), tile ranges that start after 0 and
   // stop before the end.
-  for (int64_t cols : {256, 768}) {
+  for (int64_t cols : {192, 256, 768, 896}) {
+    if (cols % KSuperInputs(f) != 0) continue;  // 192 and 896 (Qwen2.5-0.5B's width): 32-input blocks only
     for (int64_t out : {1, 15, 17, 50}) {
       const auto src = RandomBlocks(f, out, cols, static_cast<uint32_t>(out * 13 + cols));
       const KMatrix m = Pack(f, src, out, cols);
@@ -219,7 +228,7 @@ TEST_P(KKernelTest, FusedGluMatchesReference) {
 std::vector<KCase> AllCases() {
   std::vector<KCase> v;
   for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
-    for (KFormat f : {KFormat::kQ4K, KFormat::kQ6K}) v.push_back({c, f});
+    for (KFormat f : {KFormat::kQ4K, KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1}) v.push_back({c, f});
   }
   return v;
 }

@@ -6,12 +6,9 @@ const char* WeightFormatName(WeightFormat f) {
   switch (f) {
     case WeightFormat::kQ8G64:
       return "q8/g64";
-    case WeightFormat::kQ4K:
-      return "q4_k";
-    case WeightFormat::kQ6K:
-      return "q6_k";
+    default:
+      return KFormatName(KFormatOf(f));
   }
-  return "?";
 }
 
 void MatmulTiles(const KernelTable& kt, const WeightMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy,

@@ -32,8 +32,6 @@ constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
 
 // Block sizes in bytes (sizeof(block_*) in ggml-common.h).
 constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;                         // d, qs[16]
-constexpr int64_t kQ4_1Bytes = 2 + 2 + kQK / 2;                     // d, m, qs[16]
-constexpr int64_t kQ5_0Bytes = 2 + 4 + kQK / 2;                     // d, qh[4], qs[16]
 constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                 // d, m, qh[4], qs[16]
 constexpr int64_t kQ8_0Bytes = 2 + kQK;                             // d, qs[32]
 constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;  // ... qh[32], qs[128]
@@ -79,35 +77,6 @@ void DequantQ4_0(const uint8_t* x, float* y, int64_t nb) {
     for (int j = 0; j < 16; ++j) {
       y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
       y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-// block_q4_1: y = q * d + m with q in [0, 15].
-void DequantQ4_1(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ4_1Bytes, y += kQK) {
-    const float d = LoadF16(x);
-    const float m = LoadF16(x + 2);
-    const uint8_t* qs = x + 4;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
-      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-    }
-  }
-}
-
-// block_q5_0: 5-bit q = low nibble | (bit j of qh) << 4 for element j, and
-// high nibble | (bit j+16 of qh) << 4 for element j+16; y = (q - 16) * d.
-void DequantQ5_0(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ5_0Bytes, y += kQK) {
-    const float d = LoadF16(x);
-    const uint32_t qh = LoadU32(x + 2);
-    const uint8_t* qs = x + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int h0 = static_cast<int>((qh >> j) & 1u) << 4;
-      const int h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      y[j] = static_cast<float>(((qs[j] & 0x0F) | h0) - 16) * d;
-      y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
     }
   }
 }
@@ -215,11 +184,11 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
     case kTypeQ4_0:
       DequantQ4_0(x, dst, nb);
       break;
-    case kTypeQ4_1:
-      DequantQ4_1(x, dst, nb);
+    case kTypeQ4_1:  // block_q4_1: y = q*d + m (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ4_1, x, dst, nb);
       break;
-    case kTypeQ5_0:
-      DequantQ5_0(x, dst, nb);
+    case kTypeQ5_0:  // block_q5_0: y = (q5 - 16)*d (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ5_0, x, dst, nb);
       break;
     case kTypeQ5_1:
       DequantQ5_1(x, dst, nb);

@@ -226,6 +226,12 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
     case gguf::TensorType::kQ6_K:
       *f = KFormat::kQ6K;
       return true;
+    case gguf::TensorType::kQ5_0:
+      *f = KFormat::kQ5_0;
+      return true;
+    case gguf::TensorType::kQ4_1:
+      *f = KFormat::kQ4_1;
+      return true;
     default:
       return false;
   }
@@ -244,9 +250,9 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
   MR_RETURN_IF_ERROR(CheckShape(*t, cols, rows));
   source_[out] = t;
   KFormat kf = KFormat::kQ4K;
-  if (allow_native && NativeFormat(*t, &kf) && cols % kKSuper == 0) {
+  if (allow_native && NativeFormat(*t, &kf) && cols % KSuperInputs(kf) == 0 && cols % kActGroup == 0) {
     // The file's own words, reordered into tiles (kquant.h), tiles spread over the pool.
-    out->format = kf == KFormat::kQ4K ? WeightFormat::kQ4K : WeightFormat::kQ6K;
+    out->format = NativeWeightFormat(kf);
     out->k = NewKMatrix(kf, rows, cols);
     MR_CHECK(t->row_bytes() == static_cast<uint64_t>(out->k.supers() * KSuperBytes(kf)));
     std::vector<Status> errors(pool_->size());

@@ -52,9 +52,12 @@ struct TinySpec {
   // Write the matrices as Q4_K (attn_v, ffn_down and output as Q6_K, as a Q4_K_M file does)
   // with random blocks instead of F32; needs d, q_dim, ff multiples of 256.
   bool kquants = false;
+  // Write the matrices as Q5_0 (attn_v, ffn_down and output as Q4_1) with random blocks: the
+  // 32-input native formats; needs d, q_dim, ff multiples of 64.
+  bool legacy32 = false;
 };
 
-constexpr uint32_t kQ4_K = 12, kQ6_K = 14;
+constexpr uint32_t kQ4_1 = 3, kQ5_0 = 6, kQ4_K = 12, kQ6_K = 14;
 
 void PutF16(uint8_t* p, float v) {
   const uint16_t h = F32ToF16(v);
@@ -105,6 +108,32 @@ std::vector<uint8_t> RandomQ6K(int64_t n_blocks, std::mt19937& rng, float sigma)
   return v;
 }
 
+// Random Q5_0 blocks (d, qh, qs): q - 16 uniform in [-16, 15], standard deviation ~9.2.
+std::vector<uint8_t> RandomQ50(int64_t n_blocks, std::mt19937& rng, float sigma) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 22));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* x = v.data() + b * 22;
+    PutF16(x, sigma / 9.2f);
+    for (int i = 2; i < 22; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+  }
+  return v;
+}
+
+// Random Q4_1 blocks (d, m, qs): q uniform in [0, 15], m centers them.
+std::vector<uint8_t> RandomQ41(int64_t n_blocks, std::mt19937& rng, float sigma) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 20));
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* x = v.data() + b * 20;
+    const float d = sigma / 4.6f;
+    PutF16(x, d);
+    PutF16(x + 2, -7.5f * d);
+    for (int i = 4; i < 20; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+  }
+  return v;
+}
+
 // Writes a random tiny model to a temp file and returns its path.
 std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -138,12 +167,19 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   };
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     const float sigma = 1.0f / std::sqrt(float(cols));
+    const bool second = name.find("attn_v") != std::string::npos || name.find("ffn_down") != std::string::npos ||
+                        name == "output.weight";
     if (s.kquants) {
-      const bool q6 = name.find("attn_v") != std::string::npos || name.find("ffn_down") != std::string::npos ||
-                      name == "output.weight";
       const int64_t blocks = rows * cols / 256;
-      ASSERT_TRUE(w.AddTensor(name, q6 ? kQ6_K : kQ4_K, {cols, rows},
-                              q6 ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma))
+      ASSERT_TRUE(w.AddTensor(name, second ? kQ6_K : kQ4_K, {cols, rows},
+                              second ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma))
+                      .ok());
+      return;
+    }
+    if (s.legacy32) {
+      const int64_t blocks = rows * cols / 32;
+      ASSERT_TRUE(w.AddTensor(name, second ? kQ4_1 : kQ5_0, {cols, rows},
+                              second ? RandomQ41(blocks, rng, sigma) : RandomQ50(blocks, rng, sigma))
                       .ok());
       return;
     }
@@ -265,18 +301,11 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   EXPECT_LT(std::sqrt(err / norm), 0.035) << s.arch;
 }
 
-// Q4_K / Q6_K matrices stay in their native tiles by default (fewer bytes than Q8/g64), track
-// the reference path as closely as the Q8/g64 conversion does, and decode row by row equals
-// the batched forward (the 1-row and multi-row kernel paths agree).
-TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
-  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
-  TinySpec s;
-  s.arch = GetParam();
-  s.d = 256;
-  s.head_dim = 64;
-  s.ff = 512;
-  s.kquants = true;
-  const std::string path = WriteTinyModel(s, 41);
+// Native matrices stay in their tiles by default (fewer bytes than Q8/g64), track the reference
+// path as closely as the Q8/g64 conversion does, and decode row by row equals the batched forward
+// (the 1-row and multi-row kernel paths agree).
+void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
+  const std::string path = WriteTinyModel(s, seed);
   auto native = LoadTiny(path, false, WeightMode::kNative);
   auto q8 = LoadTiny(path, false, WeightMode::kQ8G64);
   auto ref = LoadTiny(path, true);
@@ -313,6 +342,29 @@ TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
     EXPECT_LT(MaxAbsDiff(row, one), 1e-4) << s.arch << " position " << t;
   }
   std::filesystem::remove(path);
+}
+
+TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
+  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
+  TinySpec s;
+  s.arch = GetParam();
+  s.d = 256;
+  s.head_dim = 64;
+  s.ff = 512;
+  s.kquants = true;
+  ExpectNativeTracksReference(s, 41);
+}
+
+// Q5_0 / Q4_1 (32-input blocks) at a width that is not a multiple of 256, as Qwen2.5-0.5B's 896.
+TEST_P(TinyArchTest, NativeQ50Q41WeightsTrackReferencePath) {
+  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
+  TinySpec s;
+  s.arch = GetParam();
+  s.d = 192;
+  s.head_dim = 48;
+  s.ff = 320;
+  s.legacy32 = true;
+  ExpectNativeTracksReference(s, 43);
 }
 
 TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {

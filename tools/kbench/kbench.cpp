@@ -8,7 +8,7 @@
 //            cost relative to b = 1 (batched decode: weights streamed once for all b),
 //   prefill: one Forward over `prefill` tokens (tok/s).
 // Each measurement is the median of `reps` repetitions, interleaved across kinds.
-// Usage: mererun_kbench MODEL.gguf [threads=2] [reps=5] [prefill=512]
+// Usage: mererun_kbench MODEL.gguf [threads=2] [reps=5] [prefill=512] [weights=native|q8g64]
 // Prints a table to stderr and one JSON object to stdout.
 #include <time.h>
 
@@ -39,7 +39,7 @@ static double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf [threads=2] [reps=5] [prefill=512]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.gguf [threads=2] [reps=5] [prefill=512] [weights=native|q8g64]\n", argv[0]);
     return 2;
   }
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
   const int prefill = argc > 4 ? std::atoi(argv[4]) : 512;
   mr::LoadOptions o;
   o.n_threads = threads;
+  if (argc > 5 && !mr::ParseWeightMode(argv[5], &o.weights)) {
+    std::fprintf(stderr, "weights: native or q8g64, not '%s'\n", argv[5]);
+    return 2;
+  }
   auto loaded = mr::Model::Load(argv[1], o);
   if (!loaded.ok()) {
     std::fprintf(stderr, "load failed: %s\n", loaded.status().message().c_str());

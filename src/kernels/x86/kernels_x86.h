@@ -30,8 +30,12 @@ void MatmulQ8GluAvx512(const QMatrix& gate, const QMatrix& up, const int8_t* xq,
                              float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 MR_DECLARE_K_KERNELS(Q4K, Avx2)
 MR_DECLARE_K_KERNELS(Q6K, Avx2)
+MR_DECLARE_K_KERNELS(Q50, Avx2)
+MR_DECLARE_K_KERNELS(Q41, Avx2)
 MR_DECLARE_K_KERNELS(Q4K, Avx512)
 MR_DECLARE_K_KERNELS(Q6K, Avx512)
+MR_DECLARE_K_KERNELS(Q50, Avx512)
+MR_DECLARE_K_KERNELS(Q41, Avx512)
 #undef MR_DECLARE_K_KERNELS
 
 }  // namespace mr::x86

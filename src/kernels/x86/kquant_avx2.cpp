@@ -184,6 +184,106 @@ struct Q6K {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Q5_0 and Q4_1: 32-input blocks, one f16 d per (row, block)
+
+// Bits 0..3 of each lane of t at bit 4 of its bytes 0..3: t * (2^4 + 2^11 + 2^18 + 2^25) puts
+// copies of the 4 bits at 4, 11, 18 and 25 without overlap, the mask keeps bits 4, 12, 20, 28.
+inline __m256i FifthBits(__m256i t) {
+  const __m256i x = _mm256_and_si256(t, _mm256_set1_epi32(0xF));
+  return _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x02040810)), _mm256_set1_epi32(0x10101010));
+}
+
+struct Q50Half {
+  __m256 d;
+  __m256i qh;
+};
+
+struct Q50 {
+  static constexpr KFormat kFormat = KFormat::kQ5_0;
+  using Scales = Q50Half;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, Q50Half* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    m->qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * h));
+  }
+
+  // vpmaddubsw of the 5-bit quants (u8 <= 31) summed in int16 over the block's 4 chunks
+  // (<= 4 * 2 * 31 * 127, no overflow), then vpmaddwd by ones; the -16 offset uses sums32.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q50Half& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    __m256i slo[R], shi[R];
+    for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 96 + 64 * c + 32 * h));
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m0f), FifthBits(_mm256_srli_epi32(m.qh, 4 * c)));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
+                                         FifthBits(_mm256_srli_epi32(m.qh, 16 + 4 * c)));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
+        shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(slo[r], ones), _mm256_madd_epi16(shi[r], ones));
+      const __m256 f = _mm256_fmsub_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(a.Xs(r)[i0 / kActGroup]),
+                                       _mm256_set1_ps(16 * a.S32(r)[i0 / 32]));
+      acc[r] = _mm256_fmadd_ps(f, m.d, acc[r]);
+    }
+  }
+};
+
+struct Q41Half {
+  __m256 d;
+  __m256 m;
+};
+
+struct Q41 {
+  static constexpr KFormat kFormat = KFormat::kQ4_1;
+  using Scales = Q41Half;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, Q41Half* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+    m->m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+  }
+
+  // vpmaddubsw of the nibbles, low and high together in int16 over the block (<= 8 * 2 * 15 *
+  // 127), vpmaddwd by ones; the block minimum adds m * sums32.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q41Half& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    __m256i sum16[R];
+    for (int r = 0; r < R; ++r) sum16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * c + 32 * h));
+      const __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
+        sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 f =
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r], ones)), _mm256_set1_ps(a.Xs(r)[i0 / kActGroup]));
+      acc[r] = _mm256_fmadd_ps(f, m.d, acc[r]);
+      acc[r] = _mm256_fmadd_ps(m.m, _mm256_set1_ps(a.S32(r)[i0 / 32]), acc[r]);
+    }
+  }
+};
+
 // The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators (two
 // halves of 8 outputs each) kept over the whole tile, in registers where the 16 ymm allow; per
 // super-block and half tile F's scales are decoded once, then the rows run in passes of up to
@@ -264,6 +364,22 @@ void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, i
 void MatmulQ6KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                       int64_t ldy, int64_t t_begin, int64_t t_end) {
   MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+void MatmulQ50Avx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                   int64_t t_end) {
+  MatmulKTiles<KTile<Q50>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ50GluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                      int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q50>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+void MatmulQ41Avx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                   int64_t t_end) {
+  MatmulKTiles<KTile<Q41>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ41GluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                      int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q41>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 
 }  // namespace mr::x86

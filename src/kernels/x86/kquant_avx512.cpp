@@ -234,6 +234,111 @@ struct Q6K {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Q5_0 and Q4_1: 32-input blocks, one f16 d per (row, block)
+
+// Bit i (0..3) of x at bit 4 of byte i: table of the 16 values of x, for vpermd. A lane of
+// (qh >> 4c) indexes it with its low 4 bits: the fifth bits of inputs 4c..4c+3, in place for the
+// 4 quant bytes of chunk c.
+inline __m512i FifthBitTable() {
+  return _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010, 0x00101000,
+                           0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010, 0x10100000, 0x10100010,
+                           0x10101000, 0x10101010);
+}
+
+struct Q50Scales {
+  __m512 d;
+  __m512i qh;
+};
+
+struct Q50 {
+  static constexpr KFormat kFormat = KFormat::kQ5_0;
+  static constexpr int kHeadBytes = 96;  // d and qh, before the quants
+  static constexpr int kPassRows = 4;
+  using Scales = Q50Scales;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q50Scales* m) {
+    m->d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    m->qh = _mm512_loadu_si512(blk + 32);
+  }
+
+  // The 5-bit quants (u8 in [0, 31]) against s8 activations with vpdpbusd, exact in int32
+  // (|sum| <= 32 * 31 * 127); ggml's -16 offset is 16 * (scale * sum(x)) (QActs::sums32), so
+  // per (row, block): acc += d * (xs * sum - 16 * sums32). `mins` is unused.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q50Scales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512*) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), table = FifthBitTable();
+    __m512i ilo[R], ihi[R];
+    for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(blk + 96 + 64 * c);
+      const __m512i lo =
+          _mm512_or_si512(_mm512_and_si512(v, m0f), _mm512_permutexvar_epi32(_mm512_srli_epi32(m.qh, 4 * c), table));
+      const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
+                                         _mm512_permutexvar_epi32(_mm512_srli_epi32(m.qh, 16 + 4 * c), table));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
+        ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 f = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ilo[r], ihi[r])),
+                                       _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]), _mm512_set1_ps(16 * a.S32(r)[i0 / 32]));
+      acc[r] = _mm512_fmadd_ps(f, m.d, acc[r]);
+    }
+  }
+};
+
+struct Q41Scales {
+  __m512 d;
+  __m512 m;
+};
+
+struct Q41 {
+  static constexpr KFormat kFormat = KFormat::kQ4_1;
+  static constexpr int kHeadBytes = 64;  // d and m, before the quants
+  static constexpr int kPassRows = 4;
+  using Scales = Q41Scales;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q41Scales* m) {
+    m->d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    m->m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+  }
+
+  // The nibbles against s8 activations with vpdpbusd (exact in int32); the block minimum adds
+  // m * (scale * sum(x)) (QActs::sums32): acc += d * xs * sum, mins -= m * sums32.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q41Scales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512* mins) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    __m512i ilo[R], ihi[R];
+    for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(blk + 64 + 64 * c);
+      const __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
+        ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 f =
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ilo[r], ihi[r])), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
+      acc[r] = _mm512_fmadd_ps(f, m.d, acc[r]);
+      mins[r] = _mm512_fnmadd_ps(m.m, _mm512_set1_ps(a.S32(r)[i0 / 32]), mins[r]);
+    }
+  }
+};
+
 // The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators in
 // registers over the whole tile; per super-block F's scales are decoded once and the rows run in
 // passes of up to F::kPassRows against the block while it is in L1.
@@ -306,6 +411,22 @@ void MatmulQ6KAvx512(const KMatrix& w, const QActs& x, int64_t n_rows, float* y,
 void MatmulQ6KGluAvx512(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                         int64_t ldy, int64_t t_begin, int64_t t_end) {
   MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+void MatmulQ50Avx512(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                     int64_t t_end) {
+  MatmulKTiles<KTile<Q50>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ50GluAvx512(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                        int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q50>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+}
+void MatmulQ41Avx512(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                     int64_t t_end) {
+  MatmulKTiles<KTile<Q41>>(w, x, n_rows, y, ldy, t_begin, t_end);
+}
+void MatmulQ41GluAvx512(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                        int64_t ldy, int64_t t_begin, int64_t t_end) {
+  MatmulKGluTiles<KTile<Q41>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
 }
 
 }  // namespace mr::x86
