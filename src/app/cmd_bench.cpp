@@ -445,6 +445,10 @@ int CmdBench(const Args& args) {
   app.add_option("-t,--threads", o.threads, "thread counts, comma list")->delimiter(',')->check(InRange(1, 256));
   CLI::Option* reps_opt = app.add_option("--reps", o.reps, "repetitions (--quick: 1)")->check(InRange(1, 1000));
   app.add_option("--json", o.json_path, "also write the results as JSON to this file");
+  CLI::Option* prompt_opt =
+      app.add_option("--prompt-tokens", o.prompt_tokens,
+                     "prompt length of the prefill measurement (and the context of the decode and verify steps)")
+          ->check(InRange(64, 131072));
   app.add_flag("--quick", o.quick, "small sizes and one repetition (a smoke test, not a measurement)");
   app.add_flag("--no-llamacpp", no_llamacpp, "skip the llama.cpp comparison");
   app.add_flag("--machine-only", machine_only, "bandwidth and matmul figures only, no model");
@@ -453,7 +457,7 @@ int CmdBench(const Args& args) {
   o.llamacpp = !no_llamacpp;
   if (o.quick) {
     if (reps_opt->count() == 0) o.reps = 1;
-    o.prompt_tokens = 64;
+    if (prompt_opt->count() == 0) o.prompt_tokens = 64;
     o.decode_tokens = 16;
     o.verify_iters = 2;
     o.membw_bytes = 64ll << 20;

@@ -323,25 +323,7 @@ struct KTile {
   }
 
   static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
-    static_assert(kKRows == 8);
-    switch (nr) {
-      case 1:
-        return RunRows<1>(w, t, a, out);
-      case 2:
-        return RunRows<2>(w, t, a, out);
-      case 3:
-        return RunRows<3>(w, t, a, out);
-      case 4:
-        return RunRows<4>(w, t, a, out);
-      case 5:
-        return RunRows<5>(w, t, a, out);
-      case 6:
-        return RunRows<6>(w, t, a, out);
-      case 7:
-        return RunRows<7>(w, t, a, out);
-      default:
-        return RunRows<8>(w, t, a, out);
-    }
+    RunRowsOf<KTile>(nr, w, t, a, out);
   }
 };
 
@@ -349,37 +331,9 @@ struct KTile {
 
 namespace mr::x86 {
 
-void MatmulQ4KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
-                   int64_t t_end) {
-  MatmulKTiles<KTile<Q4K>>(w, x, n_rows, y, ldy, t_begin, t_end);
-}
-void MatmulQ4KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
-                      int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<KTile<Q4K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
-}
-void MatmulQ6KAvx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
-                   int64_t t_end) {
-  MatmulKTiles<KTile<Q6K>>(w, x, n_rows, y, ldy, t_begin, t_end);
-}
-void MatmulQ6KGluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
-                      int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<KTile<Q6K>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
-}
-void MatmulQ50Avx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
-                   int64_t t_end) {
-  MatmulKTiles<KTile<Q50>>(w, x, n_rows, y, ldy, t_begin, t_end);
-}
-void MatmulQ50GluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
-                      int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<KTile<Q50>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
-}
-void MatmulQ41Avx2(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
-                   int64_t t_end) {
-  MatmulKTiles<KTile<Q41>>(w, x, n_rows, y, ldy, t_begin, t_end);
-}
-void MatmulQ41GluAvx2(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
-                      int64_t ldy, int64_t t_begin, int64_t t_end) {
-  MatmulKGluTiles<KTile<Q41>>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
-}
+MR_DEFINE_K_KERNELS(Q4K, Avx2, KTile<Q4K>)
+MR_DEFINE_K_KERNELS(Q6K, Avx2, KTile<Q6K>)
+MR_DEFINE_K_KERNELS(Q50, Avx2, KTile<Q50>)
+MR_DEFINE_K_KERNELS(Q41, Avx2, KTile<Q41>)
 
 }  // namespace mr::x86

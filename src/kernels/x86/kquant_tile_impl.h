@@ -117,6 +117,31 @@ void ForEachTileRows(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_
   }
 }
 
+// Tile::RunRows<R>(args...) with R = nr, 1 <= nr <= kKRows: one instantiation per row count, so
+// the row loops unroll and the accumulators stay in registers.
+template <class Tile, class... Args>
+void RunRowsOf(int nr, Args&&... args) {
+  static_assert(kKRows == 8);
+  switch (nr) {
+    case 1:
+      return Tile::template RunRows<1>(args...);
+    case 2:
+      return Tile::template RunRows<2>(args...);
+    case 3:
+      return Tile::template RunRows<3>(args...);
+    case 4:
+      return Tile::template RunRows<4>(args...);
+    case 5:
+      return Tile::template RunRows<5>(args...);
+    case 6:
+      return Tile::template RunRows<6>(args...);
+    case 7:
+      return Tile::template RunRows<7>(args...);
+    default:
+      return Tile::template RunRows<8>(args...);
+  }
+}
+
 template <class Tile>
 void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
                   int64_t t_end) {
@@ -146,3 +171,14 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
 }
 
 }  // namespace
+
+// The KernelTable entry points of format Fmt for ISA Isa (kernels_x86.h), over Tile.
+#define MR_DEFINE_K_KERNELS(Fmt, Isa, Tile)                                                                       \
+  void Matmul##Fmt##Isa(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin, \
+                        int64_t t_end) {                                                                          \
+    MatmulKTiles<Tile>(w, x, n_rows, y, ldy, t_begin, t_end);                                                     \
+  }                                                                                                               \
+  void Matmul##Fmt##Glu##Isa(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,  \
+                             float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {                             \
+    MatmulKGluTiles<Tile>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);                                      \
+  }
