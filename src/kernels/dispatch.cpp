@@ -57,13 +57,13 @@ const KernelTable kAvx2 = {
     &x86::AttentionGqaAvx2,
     {&x86::MatmulQ4KAvx2, &x86::MatmulQ6KAvx2, &x86::MatmulQ50Avx2, &x86::MatmulQ41Avx2},
     {&x86::MatmulQ4KGluAvx2, &x86::MatmulQ6KGluAvx2, &x86::MatmulQ50GluAvx2, &x86::MatmulQ41GluAvx2}};
-// AVX-512 machines have AVX2: activation quantization and attention are shared.
+// AVX-512 machines have AVX2: activation quantization is shared.
 const KernelTable kAvx512 = {
     CpuVariant::kAvx512,
     &x86::QuantizeActsAvx2,
     &x86::MatmulQ8Avx512,
     &x86::MatmulQ8GluAvx512,
-    &x86::AttentionGqaAvx2,
+    &x86::AttentionGqaAvx512,
     {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Avx512, &x86::MatmulQ41Avx512},
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512}};
 

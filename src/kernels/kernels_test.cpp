@@ -196,11 +196,11 @@ TEST_P(VariantTest, FusedGluMatchesReference) {
 
 TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
   const KernelTable& k = GetKernels(GetParam());
-  // Head sizes 64 and 256 (vector path) and 12 (scalar fallback); spans shorter than, equal
+  // Head sizes 64, 96, 128 and 256 (vector paths) and 12 (scalar fallback); spans shorter than, equal
   // to and longer than one block; a window that does not start at 0.
-  for (int64_t hd : {12, 64, 256}) {
-    for (int64_t n_q : {1, 3}) {
-      for (auto [j0, j1] : {std::pair<int64_t, int64_t>{0, 1}, {0, 64}, {5, 150}, {0, 200}}) {
+  for (int64_t hd : {12, 64, 96, 128, 256}) {
+    for (int64_t n_q : {1, 3, 7}) {
+      for (auto [j0, j1] : {std::pair<int64_t, int64_t>{0, 1}, {0, 16}, {0, 64}, {5, 150}, {3, 20}, {0, 200}}) {
         const int64_t n_kv = 2, stride = n_kv * hd, kh = 1;
         auto kf = RandomVec(j1 * stride, 11, 2.0f), vf = RandomVec(j1 * stride, 12);
         std::vector<uint16_t> K(kf.size()), V(vf.size());

@@ -64,7 +64,7 @@ struct KernelTable {
 
 constexpr int64_t kAttnBlock = 64;
 inline int64_t AttentionScratchFloats(int64_t n_q, int64_t hd) {
-  return n_q * kAttnBlock + 2 * hd + 2 * n_q;
+  return n_q * kAttnBlock + 32 * hd + 2 * n_q;  // the AVX-512 kernel's K^T and V blocks: 2 x 16 x hd
 }
 
 const KernelTable& GetKernels(CpuVariant v);
