@@ -301,7 +301,12 @@ def test_disconnect_during_non_streaming_decode(one_slot, one_slot_baseline, api
         s = raw_send(one_slot, "/v1/chat/completions", openai_body(LONG_PROMPT, 1500))
     ok, h, _ = wait_health(one_slot, lambda h: h["active"] == 1, timeout=5)
     assert ok, h
-    time.sleep(0.5)
+    # Abort once the first tokens are generated (a fixed sleep raced the end of the answer once
+    # decode got faster): the request is then in its decode stage, with up to 1,500 tokens to go.
+    generated = metrics(one_slot).get("mererun_generated_tokens_total", 0)
+    deadline = time.time() + 10
+    while metrics(one_slot).get("mererun_generated_tokens_total", 0) < generated + 3 and time.time() < deadline:
+        time.sleep(0.005)
     abort(s)
     wait_idle(one_slot)
     assert cancellations(one_slot) >= before + 1
