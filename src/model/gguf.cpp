@@ -395,6 +395,14 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t si
   return f;
 }
 
+void GgufFile::ReleasePages(const TensorInfo& t) const {
+  if (map_ == nullptr || t.data == nullptr) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(t.data) + t.n_bytes) / page * page;
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // advisory: failure is harmless
+}
+
 GgufFile::~GgufFile() {
   if (map_) ::munmap(map_, size_);
 }

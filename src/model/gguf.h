@@ -135,6 +135,11 @@ class GgufFile {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* FindTensor(std::string_view name) const;
+  // Drops this process's resident pages of the tensor's bytes (the whole pages inside them) when
+  // the file is mapped: after the loader has copied a tensor into its own format, the mapping
+  // no longer counts twice in the resident size. A later read of t.data faults the pages back
+  // in from the file (the mapping is read-only), so this never changes what is read.
+  void ReleasePages(const TensorInfo& t) const;
 
  private:
   GgufFile() = default;

@@ -265,6 +265,7 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
     }
     ++n_native_;
     MR_LOGD("convert", "%-28s %-5s -> native tiles (no requantization)", name.c_str(), gguf::TypeName(t->type).c_str());
+    f.ReleasePages(*t);  // the tiles are a copy: the file's pages need not stay resident
     return Status::Ok();
   }
   if (!CanDequantize(t->type)) {
@@ -319,6 +320,7 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
     MR_LOGD("convert", "%-28s %-5s -> q8/g64: max err %.3g, rms err %.3g (%.3f%% of rms w)", name.c_str(),
             gguf::TypeName(t->type).c_str(), em, std::sqrt(es / n), 100.0 * std::sqrt(es / ws));
   }
+  f.ReleasePages(*t);
   return Status::Ok();
 }
 
