@@ -110,28 +110,10 @@ class Reader {
 // Minimum encoded size of one value of type t (used to reject impossible array lengths before
 // allocating). Strings take at least their 8-byte length; arrays at least type + length.
 uint64_t MinEncodedSize(ValueType t) {
-  switch (t) {
-    case ValueType::kU8:
-    case ValueType::kI8:
-    case ValueType::kBool:
-      return 1;
-    case ValueType::kU16:
-    case ValueType::kI16:
-      return 2;
-    case ValueType::kU32:
-    case ValueType::kI32:
-    case ValueType::kF32:
-      return 4;
-    case ValueType::kU64:
-    case ValueType::kI64:
-    case ValueType::kF64:
-      return 8;
-    case ValueType::kString:
-      return 8;
-    case ValueType::kArray:
-      return 12;
-  }
-  return 1;
+  if (t == ValueType::kString) return 8;
+  if (t == ValueType::kArray) return 12;
+  const size_t n = ScalarBytes(t);
+  return n > 0 ? n : 1;
 }
 
 bool ValidValueType(uint32_t t) {
@@ -325,6 +307,28 @@ const TypeTraits* GetTypeTraits(uint32_t type) {
 std::string TypeName(uint32_t type) {
   const TypeTraits* t = GetTypeTraits(type);
   return t ? t->name : "unknown(" + std::to_string(type) + ")";
+}
+
+size_t ScalarBytes(ValueType t) {
+  switch (t) {
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kU16:
+    case ValueType::kI16:
+      return 2;
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kF32:
+      return 4;
+    case ValueType::kU64:
+    case ValueType::kI64:
+    case ValueType::kF64:
+      return 8;
+    default:
+      return 0;
+  }
 }
 
 const char* ValueTypeName(ValueType t) {

@@ -70,6 +70,8 @@ enum class ValueType : uint32_t {
   kF64 = 12,
 };
 const char* ValueTypeName(ValueType t);
+// Encoded bytes of one scalar of type t (1, 2, 4 or 8); 0 for string, array and unknown types.
+size_t ScalarBytes(ValueType t);
 
 // A metadata value. Scalars fill exactly one of u/i/f/b/s by type; arrays fill the vector
 // matching their element type (integers of every width in arr_int, bool too; floats in

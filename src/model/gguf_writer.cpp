@@ -16,29 +16,6 @@ bool IsPowerOfTwo(uint64_t v) {
   return v != 0 && (v & (v - 1)) == 0;
 }
 
-// Size in bytes of one scalar element of `t`, 0 for string/array/unknown.
-size_t ScalarBytes(ValueType t) {
-  switch (t) {
-    case ValueType::kU8:
-    case ValueType::kI8:
-    case ValueType::kBool:
-      return 1;
-    case ValueType::kU16:
-    case ValueType::kI16:
-      return 2;
-    case ValueType::kU32:
-    case ValueType::kI32:
-    case ValueType::kF32:
-      return 4;
-    case ValueType::kU64:
-    case ValueType::kI64:
-    case ValueType::kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 bool IsIntegerType(ValueType t) {
   switch (t) {
     case ValueType::kU8:
