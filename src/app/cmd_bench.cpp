@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,7 +26,9 @@
 #include "app/commands.h"
 #include "app/environment.h"
 #include "model/catalog.h"
+#include "model/chat_format.h"
 #include "model/model.h"
+#include "server/output_constraint.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -237,6 +240,76 @@ json MeasureMachine(const Options& o) {
 }
 
 // Everything about one model: mererun per thread count, llama.cpp on the GGUF and its Q8_0.
+// The cost of constrained decoding's per-step mask (TokenConstraint::Apply) along a realistic
+// tool call under tool_choice auto (lazy: the mask applies from the open tag on), tokenized by
+// the model's own tokenizer: an agent's shell command with a long string argument, a number and
+// a nested object. Reported per step and as a fraction of a decode step.
+json MeasureConstraint(const Model& m, double decode_tok_s) {
+  using Json = nlohmann::ordered_json;
+  const Tokenizer& tok = m.tokenizer();
+  const int64_t n_vocab = m.config().n_vocab;
+  auto t0 = std::chrono::steady_clock::now();
+  auto masker = std::make_shared<const TokenMasker>(tok, n_vocab);
+  const double build_ms = SecondsSince(t0) * 1e3;
+  server::ConstraintRequest req;
+  ChatTool bash;
+  bash.name = "Bash";
+  bash.parameters = Json::parse(R"({"type": "object", "properties": {
+      "command": {"type": "string", "description": "The command to execute"},
+      "timeout": {"type": "number", "maximum": 600000},
+      "description": {"type": "string"},
+      "env": {"type": "object", "properties": {"name": {"type": "string"}, "value": {"type": "string"}}}},
+      "required": ["command"], "additionalProperties": false})");
+  ChatTool read;
+  read.name = "Read";
+  read.parameters = Json::parse(R"({"type": "object", "properties": {"file_path": {"type": "string"},
+      "offset": {"type": "integer"}, "limit": {"type": "integer"}}, "required": ["file_path"]})");
+  req.tools = {read, bash};
+  t0 = std::chrono::steady_clock::now();
+  auto c = server::BuildOutputConstraint(req, masker);
+  const double compile_ms = SecondsSince(t0) * 1e3;
+  if (!c.ok() || *c == nullptr) return {{"error", c.ok() ? "no constraint" : c.status().message()}};
+  const std::string call =
+      "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"cd /work/project && python3 -m pytest "
+      "tests/test_parser.py -x -q 2>&1 | tail -n 40; grep -rn \\\"def parse\\\" src/ | head\", \"timeout\": 120000, "
+      "\"description\": \"Run the failing parser tests and find the parse functions\", \"env\": {\"name\": "
+      "\"PYTHONPATH\", \"value\": \"src\"}}}\n</tool_call>";
+  const std::vector<TokenId> ids = tok.Encode(call, /*add_special=*/false, /*parse_special=*/true);
+  std::vector<float> logits(static_cast<size_t>(n_vocab), 0.0f);
+  std::vector<uint8_t> scratch;
+  std::vector<double> us;
+  int64_t constrained = 0;
+  TokenConstraint& tc = **c;
+  for (int rep = 0; rep < 3; ++rep) {
+    TokenConstraint run = tc;
+    for (TokenId t : ids) {
+      if (run.active()) {
+        std::fill(logits.begin(), logits.end(), 0.0f);
+        const auto s0 = std::chrono::steady_clock::now();
+        run.Apply(logits.data(), &scratch);
+        us.push_back(SecondsSince(s0) * 1e6);
+        if (rep == 0) constrained += 1;
+        if (std::isinf(logits[t])) return {{"error", "the call's own token was masked"}};
+      }
+      run.Accept(t);
+    }
+  }
+  std::sort(us.begin(), us.end());
+  double sum = 0;
+  for (double x : us) sum += x;
+  const double mean = us.empty() ? 0 : sum / us.size();
+  const double step_us = decode_tok_s > 0 ? 1e6 / decode_tok_s : 0;
+  return {{"masker_build_ms", build_ms},
+          {"grammar_compile_ms", compile_ms},
+          {"call_tokens", ids.size()},
+          {"constrained_steps", constrained},
+          {"mask_us_mean", mean},
+          {"mask_us_p50", us.empty() ? 0 : us[us.size() / 2]},
+          {"mask_us_max", us.empty() ? 0 : us.back()},
+          {"decode_step_us", step_us},
+          {"mask_over_decode_step", step_us > 0 ? mean / step_us : 0}};
+}
+
 Result<json> BenchModel(const std::string& name, const std::string& path, const Options& o, const json& machine) {
   json jm;
   jm["name"] = name;
@@ -314,6 +387,7 @@ Result<json> BenchModel(const std::string& name, const std::string& path, const 
   for (int t : o.threads) {
     jm["mererun"].push_back(Summarize(ours[t], t, static_cast<double>(m0.weight_bytes()), BandwidthFor(machine, t)));
   }
+  jm["constraint"] = MeasureConstraint(m0, jm["mererun"][0]["decode_tok_s"].get<double>());
   if (o.llamacpp) {
     if (!llama_error.empty()) llama["error"] = llama_error;
     for (auto& [label, by_t] : theirs) {
@@ -419,6 +493,22 @@ void PrintTable(const json& j) {
         if (m["llamacpp"].contains("error"))
           std::printf("  llama.cpp: %s\n", m["llamacpp"]["error"].get<std::string>().c_str());
       }
+    }
+    std::printf("\nconstrained decoding: token mask per step along a tool call (lazy, from the open tag on)\n");
+    for (const json& m : j["models"]) {
+      const json& c = m["constraint"];
+      if (c.contains("error")) {
+        std::printf("%-28s error: %s\n", m["name"].get<std::string>().c_str(), c["error"].get<std::string>().c_str());
+        continue;
+      }
+      std::printf(
+          "%-28s mask %6.0f us mean, %6.0f p50, %6.0f max over %lld steps = %.1f%% of a %.0f us decode step "
+          "(%d threads); masks built in %.0f ms, grammar in %.1f ms\n",
+          m["name"].get<std::string>().c_str(), c["mask_us_mean"].get<double>(), c["mask_us_p50"].get<double>(),
+          c["mask_us_max"].get<double>(), c["constrained_steps"].get<long long>(),
+          100.0 * c["mask_over_decode_step"].get<double>(), c["decode_step_us"].get<double>(),
+          m["mererun"][0]["threads"].get<int>(), c["masker_build_ms"].get<double>(),
+          c["grammar_compile_ms"].get<double>());
     }
   }
   std::printf("\nload average (1 min) %.1f at start, %.1f at end on %d logical CPUs\n",

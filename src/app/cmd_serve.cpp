@@ -18,6 +18,7 @@
 #include "app/environment.h"
 #include "app/model_opts.h"
 #include "app/spec_config.h"
+#include "base/log.h"
 #include "model/catalog.h"
 #include "runtime/generator.h"
 #include "server/engine.h"
@@ -154,6 +155,12 @@ int CmdServe(const Args& args) {
   sm.max_output_tokens = max_output;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = *signing_key;
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    sm.masker = std::make_shared<const TokenMasker>(model->tokenizer(), model->config().n_vocab);
+    MR_LOGI("serve", "token masks for constrained decoding ready in %.0f ms",
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
   sm.environment = ControlEnvironment();
   sm.drafter = spec.DrafterName();
   sm.draft_tokens = spec.TokensName();

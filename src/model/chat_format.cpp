@@ -208,6 +208,18 @@ std::string PyJsonDumps(const nlohmann::ordered_json& v) {
   return out;
 }
 
+const ToolCallMarkup& ToolCallMarkupFor(ChatFamily /*family*/) {
+  static const ToolCallMarkup kHermes;
+  return kHermes;
+}
+
+std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name) {
+  const ToolCallMarkup& m = ToolCallMarkupFor(family);
+  std::string s = m.open + "\n" + m.name_prefix;
+  if (!name.empty()) s += name + m.arguments_prefix;
+  return s;
+}
+
 std::string RenderToolCall(const ChatToolCall& call) {
   Prompt p;
   ToolCall(call, &p);

@@ -41,7 +41,24 @@ struct ChatTool {
   std::string name;
   std::string description;
   nlohmann::ordered_json parameters = nlohmann::ordered_json::object();  // JSON schema
+  bool strict = false;  // the arguments must be decoded under the full schema (Anthropic `strict`)
 };
+
+// The tool-call markup of a family (every family here uses the Qwen2.5/Hermes form):
+//   OPEN {"name": "NAME", "arguments": ARGS} CLOSE
+// with a newline after OPEN and before CLOSE as the model writes them; also recognized (not
+// taught): the object inside a ```json fence.
+struct ToolCallMarkup {
+  std::string open = "<tool_call>";
+  std::string close = "</tool_call>";
+  std::string name_prefix = "{\"name\": \"";             // before the tool's name
+  std::string arguments_prefix = "\", \"arguments\": ";  // between the name and the arguments
+  std::string end = "}";                                 // after the arguments
+  // The form small coder models fall back to: a fenced JSON block holding the same object.
+  std::string fence_open = "```json\n";
+  std::string fence_close = "```";
+};
+const ToolCallMarkup& ToolCallMarkupFor(ChatFamily family);
 
 struct ChatRenderOptions {
   std::vector<ChatTool> tools;
@@ -75,6 +92,10 @@ RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const s
 
 // JSON as Python's json.dumps(ensure_ascii=False) writes it (what templates' `tojson` gives).
 std::string PyJsonDumps(const nlohmann::ordered_json& v);
+
+// The assistant-turn prefix that forces a call: the call opened up to the name (`name` empty:
+// any tool) or up to the arguments of `name`.
+std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name);
 
 // The text of one tool call in the model's convention, without surrounding newlines:
 // <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>

@@ -66,15 +66,20 @@ void Sampler::Distribution(const float* logits, int64_t n_vocab, std::vector<Can
   float max_l = logits[0];
   for (int64_t i = 1; i < n_vocab; ++i) max_l = std::max(max_l, logits[i]);
   // Unnormalized weights w = exp((l - max) / T) and their total mass over the whole vocabulary.
+  // Tokens of weight 0 (masked to -inf by a grammar constraint, or underflowing) are left out,
+  // so no draw can land on them.
   std::vector<Candidate>& c = scratch_;
   c.resize(static_cast<size_t>(n_vocab));
   double total = 0.0;
+  size_t n_pos = 0;
   for (int64_t i = 0; i < n_vocab; ++i) {
     const float w = std::exp((logits[i] - max_l) * inv_t);
-    c[i] = {static_cast<TokenId>(i), w};
+    c[n_pos] = {static_cast<TokenId>(i), w};
+    n_pos += w > 0.0f ? 1 : 0;
     total += w;
   }
-  const bool use_k = params_.top_k > 0 && params_.top_k < n_vocab;
+  c.resize(n_pos);
+  const bool use_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < c.size();
   const bool use_p = params_.top_p < 1.0f;
   const bool use_min_p = params_.min_p > 0.0f;
   size_t n = c.size();

@@ -165,6 +165,14 @@ Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
   return r;
 }
 
+const float* Sequence::Constrained(const float* logits, const TokenConstraint* c) {
+  if (c == nullptr || !c->active()) return logits;
+  const int64_t n_vocab = model_.config().n_vocab;
+  masked_.assign(logits, logits + n_vocab);
+  c->Apply(masked_.data(), &mask_);
+  return masked_.data();
+}
+
 void Sequence::Emit(int64_t kv_before_run, const TokenFn& on_token) {
   const Tokenizer& tok = model_.tokenizer();
   for (size_t j = 0; j < run_.size(); ++j) {
@@ -178,6 +186,7 @@ void Sequence::Emit(int64_t kv_before_run, const TokenFn& on_token) {
     } else {
       ++stats_.generated;
       last_emitted_ = t;
+      if (params_.constraint) params_.constraint->Accept(t);
       if (!on_token(t)) {
         cause = StopCause::kCallback;
         stop = true;
@@ -223,7 +232,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
         Finish(StopCause::kMaxTokens);
         return Status::Ok();
       }
-      run_.push_back(sampler_.Sample(logits, n_vocab, rng_));
+      run_.push_back(sampler_.Sample(Constrained(logits, params_.constraint.get()), n_vocab, rng_));
       Emit(kv_.n_past, on_token);
       return Status::Ok();
     }
@@ -232,7 +241,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       ++stats_.plain_steps;
       tokens_.push_back(pending_);
       const int64_t kv_before_run = kv_.n_past;
-      run_.push_back(sampler_.Sample(logits, n_vocab, rng_));
+      run_.push_back(sampler_.Sample(Constrained(logits, params_.constraint.get()), n_vocab, rng_));
       Emit(kv_before_run, on_token);
       return Status::Ok();
     }
@@ -241,8 +250,20 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       const int64_t base = kv_.n_past - step_n_;  // the forward pass appended all rows
       controller_.RecordForwardCost(static_cast<int>(step_n_), forward_s);
       if (p_.size() < static_cast<size_t>(step_n_)) p_.resize(static_cast<size_t>(step_n_));
+      // Row i's constraint state: after the pending token's row and drafts 0..i-1 (the rule
+      // asks for rows in order, stopping at the first rejection).
+      TokenConstraint* constraint = params_.constraint.get();
+      if (constraint != nullptr) row_constraints_.assign(1, *constraint);
       const TargetDistFn p = [&](int i) -> const std::vector<Candidate>& {
-        sampler_.Distribution(logits + static_cast<int64_t>(i) * n_vocab, n_vocab, &p_[i]);
+        const TokenConstraint* c = nullptr;
+        if (constraint != nullptr) {
+          while (static_cast<int>(row_constraints_.size()) <= i) {
+            row_constraints_.push_back(row_constraints_.back());
+            row_constraints_.back().Accept(rows_[row_constraints_.size() - 1]);
+          }
+          c = &row_constraints_[static_cast<size_t>(i)];
+        }
+        sampler_.Distribution(Constrained(logits + static_cast<int64_t>(i) * n_vocab, c), n_vocab, &p_[i]);
         return p_[i];
       };
       const bool sampled_q = draft_.sampled && !params_.sampling.greedy();
@@ -278,6 +299,8 @@ void Sequence::Inject(std::span<const TokenId> tokens) {
   feed_pos_ = static_cast<int64_t>(tokens_.size());
   if (last_emitted_ >= 0) feed_.push_back(last_emitted_);
   feed_.insert(feed_.end(), tokens.begin(), tokens.end());
+  if (params_.constraint)
+    for (TokenId t : tokens) params_.constraint->Accept(t);
   stats_.injected += static_cast<int64_t>(tokens.size());
   have_pending_ = false;
   done_ = false;

@@ -31,6 +31,7 @@
 
 #include "base/status.h"
 #include "model/model.h"
+#include "runtime/constraint.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
 
@@ -57,6 +58,9 @@ struct GenerateParams {
   int64_t max_tokens = 256;     // generated + injected tokens; 0: evaluate (and cache) the prompt only
   int64_t prefill_chunk = 256;  // rows per Forward during prefill (cancellation point)
   SpecParams spec;              // speculative decoding; off unless spec.drafter is set
+  // Grammar-constrained decoding (constraint.h): every sampled and verified row is masked with
+  // the constraint's state at that row. The constraint is this request's (its state advances).
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 enum class StopCause {
@@ -152,6 +156,9 @@ class Sequence {
   // Emits run_; stopping at run_[j] leaves the KV holding the context before run_[j].
   void Emit(int64_t kv_before_run, const TokenFn& on_token);
   int64_t budget_left() const { return params_.max_tokens - stats_.generated - stats_.injected; }
+  // The logits of one row with the constraint `c` applied (the input itself when c is null or
+  // inactive; else a masked copy in masked_).
+  const float* Constrained(const float* logits, const TokenConstraint* c);
 
   Model& model_;
   KvCache kv_;
@@ -182,6 +189,10 @@ class Sequence {
   std::vector<std::vector<Candidate>> p_;  // target distributions per verify row
   VerifyScratch verify_scratch_;
   std::vector<TokenId> run_;  // tokens a step produced
+  // Constrained decoding: masked logits, the mask, and the constraint's state per verify row.
+  std::vector<float> masked_;
+  std::vector<uint8_t> mask_;
+  std::vector<TokenConstraint> row_constraints_;
 };
 
 }  // namespace mr

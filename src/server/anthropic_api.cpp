@@ -255,6 +255,18 @@ int64_t EffortBudget(const std::string& effort) {
   return 0;  // low, medium: answer directly
 }
 
+// Structured outputs: {"type": "json_schema", "schema": {...}} (decoded under the schema).
+std::optional<ApiError> ParseOutputFormat(const Json& f, const std::string& where, ChatRequest* req) {
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return InvalidRequest(where + ": expected an object with a \"type\"");
+  if (f["type"] != "json_schema") return InvalidRequest(where + ".type: expected \"json_schema\"");
+  if (!f.contains("schema") || !f["schema"].is_object())
+    return InvalidRequest(where + ".schema: field required (a JSON schema object)");
+  req->format = OutputFormat::kJsonSchema;
+  req->format_schema = f["schema"];
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedModel& sm, bool count_only,
@@ -351,11 +363,14 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       if (auto e = OptBool(t, "defer_loading", w, &deferred)) return e;
       std::string description;
       if (auto e = OptString(t, "description", w, &description)) return e;
+      bool strict = false;
+      if (auto e = OptBool(t, "strict", w, &strict)) return e;
       if (!deferred) {  // deferred tools are not shown to the model (docs/api.md)
         ChatTool tool;
         tool.name = t["name"].get<std::string>();
         tool.description = std::move(description);
         tool.parameters = t["input_schema"];
+        tool.strict = strict;
         tools.push_back(std::move(tool));
       }
       // The tools follow the system text in the rendered prompt, so a tool's prefix keeps it.
@@ -405,16 +420,15 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     const Json& oc = body["output_config"];
     if (!oc.is_object()) return InvalidRequest("output_config: expected an object");
     if (oc.contains("format") && !oc["format"].is_null())
-      return InvalidRequest(
-          "output_config.format: structured outputs are not supported by this server; remove the field");
+      if (auto e = ParseOutputFormat(oc["format"], "output_config.format", req)) return e;
     if (oc.contains("effort") && !oc["effort"].is_null()) {
       effort = oc["effort"].is_string() ? oc["effort"].get<std::string>() : "";
       if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" && effort != "max")
         return InvalidRequest("output_config.effort: expected \"low\", \"medium\", \"high\", \"xhigh\" or \"max\"");
     }
   }
-  if (body.contains("output_format") && !body["output_format"].is_null())
-    return InvalidRequest("output_format: structured outputs are not supported by this server; remove the field");
+  if (body.contains("output_format") && !body["output_format"].is_null())  // the beta's name for it
+    if (auto e = ParseOutputFormat(body["output_format"], "output_format", req)) return e;
   int64_t budget = 0;
   if (body.contains("thinking") && !body["thinking"].is_null()) {
     const Json& th = body["thinking"];
@@ -445,13 +459,11 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   if (req->render.continue_final) budget = 0;  // a prefilled answer is continued as is
   req->thinking_budget = budget;
 
-  if (choice == "any") {
-    req->tool_call_prefill = "<tool_call>\n{\"name\": \"";
-    req->single_tool_call = true;
-  } else if (choice == "tool") {
-    req->tool_call_prefill = "<tool_call>\n{\"name\": \"" + forced_name + "\", \"arguments\": ";
-    req->single_tool_call = true;
-  }
+  req->tool_choice = choice == "any"    ? ToolChoice::kAny
+                     : choice == "tool" ? ToolChoice::kTool
+                     : choice == "none" ? ToolChoice::kNone
+                                        : ToolChoice::kAuto;
+  req->forced_tool = forced_name;
 
   // Fields that are accepted and ignored still have to be of their documented type.
   const Json* metadata = nullptr;

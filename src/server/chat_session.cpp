@@ -146,11 +146,23 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
 }
 
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
+  // Structured outputs: the model is told the schema too (the grammar makes the answer valid;
+  // knowing the keys and types lets the model fill them instead of rambling into a string).
+  if (req.format == OutputFormat::kJsonSchema) {
+    req.render.system_suffix += std::string(kJsonSchemaInstruction) + PyJsonDumps(req.format_schema);
+  } else if (req.format == OutputFormat::kJsonObject) {
+    req.render.system_suffix += kJsonObjectInstruction;
+  }
   if (req.thinking_budget > 0) {
     req.render.system_suffix += kThinkInstruction;
     req.render.assistant_prefix += "<think>\n";
   }
-  req.render.assistant_prefix += req.tool_call_prefill;
+  const bool forced =
+      req.parse_tool_calls && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
+  const std::string tool_call_prefill =
+      forced ? ForcedToolCallPrefix(sm.family, req.tool_choice == ToolChoice::kTool ? req.forced_tool : "") : "";
+  if (forced) req.single_tool_call = true;
+  req.render.assistant_prefix += tool_call_prefill;
   const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), req.messages, req.render);
   MR_LOGD("server", "prompt:\n%s", rendered.text.c_str());
   // Work bounded before tokenization: no real prompt averages more than 16 bytes per token, so
@@ -187,9 +199,25 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   out->parser.parse_tool_calls = req.parse_tool_calls;
   out->parser.tools = req.render.tools;
   out->parser.stop_sequences = req.stop_sequences;
-  out->parser.tool_call_prefill = req.tool_call_prefill;
+  out->parser.tool_call_prefill = tool_call_prefill;
+  out->parser.markup = ToolCallMarkupFor(sm.family);
   out->thinking_budget = req.thinking_budget;
   out->single_tool_call = req.single_tool_call;
+
+  ConstraintRequest cr;
+  cr.family = sm.family;
+  if (req.parse_tool_calls) cr.tools = req.render.tools;
+  cr.tool_choice = req.tool_choice;
+  cr.forced_tool = req.forced_tool;
+  cr.format = req.format;
+  cr.schema = req.format_schema;
+  cr.reasoning = req.thinking_budget > 0;
+  std::shared_ptr<const TokenMasker> masker = sm.masker;
+  if (masker == nullptr && (!cr.tools.empty() || cr.format != OutputFormat::kText))
+    masker = std::make_shared<const TokenMasker>(sm.model->tokenizer(), sm.model->config().n_vocab);
+  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(cr, std::move(masker));
+  if (!c.ok()) return InvalidRequest(c.status().message());
+  out->params.constraint = std::move(*c);
   return std::nullopt;
 }
 

@@ -18,6 +18,7 @@
 #include "model/chat_format.h"
 #include "server/api_error.h"
 #include "server/engine.h"
+#include "server/output_constraint.h"
 #include "server/output_parser.h"
 
 namespace mr::server {
@@ -25,6 +26,11 @@ namespace mr::server {
 // Appended to the system prompt when prompted reasoning is on (docs/api.md, "thinking").
 inline constexpr const char* kThinkInstruction =
     "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
+
+// Appended to the system prompt for structured outputs (the schema follows the first).
+inline constexpr const char* kJsonSchemaInstruction =
+    "\n\nAnswer only with a JSON object that conforms to this JSON schema, with concise values:\n";
+inline constexpr const char* kJsonObjectInstruction = "\n\nAnswer only with a JSON object.";
 
 // An Anthropic cache_control breakpoint as the request parser saw it: the request truncated right
 // after the marked block. PrepareChat renders that truncated request and maps it to the token
@@ -42,7 +48,11 @@ struct ChatRequest {
   ChatRenderOptions render;          // tools, system suffix, assistant prefix, continue_final
   bool parse_tool_calls = false;
   bool single_tool_call = false;  // stop after the first complete call
-  std::string tool_call_prefill;  // a forced call's opening (also at the end of render.assistant_prefix)
+  // kAny / kTool: the call is forced (the prompt ends inside it; PrepareChat adds the opening).
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string forced_tool;  // kTool
+  OutputFormat format = OutputFormat::kText;
+  nlohmann::ordered_json format_schema;  // kJsonSchema
   std::vector<std::string> stop_sequences;
   int64_t max_tokens = -1;  // -1: up to the context
   std::optional<float> temperature, top_p;
@@ -63,6 +73,9 @@ struct ServedModel {
   int64_t max_output_tokens = 0;  // > 0: every request's max_tokens is clamped to this too
   int64_t created_unix = 0;
   std::string signing_key;  // HMAC key for thinking signatures
+  // The vocabulary's token masks for constrained decoding (built at start-up by serve; when
+  // null, a request that needs one builds it).
+  std::shared_ptr<const TokenMasker> masker;
   // Speculative decoding as configured (reported in /health): drafter and draft length names.
   std::string drafter = "off";
   std::string draft_tokens = "auto";

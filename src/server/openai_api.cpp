@@ -153,8 +153,18 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   std::string format_type = "text";
   if (response_format != nullptr)
     if (auto e = OptString(*response_format, "type", "response_format", &format_type)) return e;
-  if (format_type != "text")
-    return InvalidRequest("response_format: only {\"type\": \"text\"} is supported by this server");
+  if (format_type == "json_object") {
+    req->format = OutputFormat::kJsonObject;
+  } else if (format_type == "json_schema") {
+    const Json* js = nullptr;
+    if (auto e = OptObject(*response_format, "json_schema", "response_format", &js)) return e;
+    if (js == nullptr || !js->contains("schema") || !(*js)["schema"].is_object())
+      return InvalidRequest("response_format.json_schema.schema: field required (a JSON schema object)");
+    req->format = OutputFormat::kJsonSchema;
+    req->format_schema = (*js)["schema"];
+  } else if (format_type != "text") {
+    return InvalidRequest("response_format.type: expected \"text\", \"json_object\" or \"json_schema\"");
+  }
   // Accepted and ignored, but of their documented type.
   const Json* metadata = nullptr;
   if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
@@ -187,6 +197,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
       const Json* parameters = nullptr;
       if (auto e = OptObject(fn, "parameters", w + ".function", &parameters)) return e;
       if (parameters != nullptr) tool.parameters = *parameters;
+      if (auto e = OptBool(fn, "strict", w + ".function", &tool.strict)) return e;
       tools.push_back(std::move(tool));
     }
   }
@@ -216,13 +227,11 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   bool parallel = true;
   if (auto e = OptBool(body, "parallel_tool_calls", "", &parallel)) return e;
   req->single_tool_call = !parallel;
-  if (choice == "required" && !tools.empty()) {
-    req->tool_call_prefill = "<tool_call>\n{\"name\": \"";
-    req->single_tool_call = true;
-  } else if (choice == "function") {
-    req->tool_call_prefill = "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
-    req->single_tool_call = true;
-  }
+  req->tool_choice = choice == "required"   ? ToolChoice::kAny
+                     : choice == "function" ? ToolChoice::kTool
+                     : choice == "none"     ? ToolChoice::kNone
+                                            : ToolChoice::kAuto;
+  req->forced_tool = forced;
   if (req->messages.back().role == "assistant" && req->messages.back().tool_calls.empty())
     req->render.continue_final = true;
   return std::nullopt;

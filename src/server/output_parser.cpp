@@ -8,8 +8,6 @@ namespace mr::server {
 namespace {
 
 constexpr std::string_view kThinkEnd = "</think>";
-constexpr std::string_view kToolOpen = "<tool_call>";
-constexpr std::string_view kToolClose = "</tool_call>";
 
 bool IsWs(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -75,8 +73,10 @@ OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
     mode_ = Mode::kReasoning;
   } else if (!opts_.tool_call_prefill.empty()) {
     mode_ = Mode::kToolCall;
+    open_ = opts_.markup.open;
+    close_ = opts_.markup.close;
     std::string_view p = opts_.tool_call_prefill;
-    if (p.substr(0, kToolOpen.size()) == kToolOpen) p.remove_prefix(kToolOpen.size());
+    if (p.substr(0, open_.size()) == open_) p.remove_prefix(open_.size());
     tool_buf_ = p;
   }
 }
@@ -123,7 +123,7 @@ void OutputParser::CompleteToolCall(const std::string& body, std::vector<ParsedE
   } else {
     // Not a valid call: the client sees what the model wrote.
     held_ws_.clear();
-    EmitText(std::string(kToolOpen) + body + std::string(kToolClose), out);
+    EmitText(open_ + body + close_, out);
   }
   skip_ws_ = true;
   held_ws_.clear();
@@ -176,9 +176,16 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         size_t best = std::string::npos;
         size_t best_len = 0;
         int which = -1;  // -1 tool call, else stop sequence index
+        bool fenced = false;
         if (opts_.parse_tool_calls) {
-          best = buf_.find(kToolOpen);
-          best_len = kToolOpen.size();
+          best = buf_.find(opts_.markup.open);
+          best_len = opts_.markup.open.size();
+          const size_t f = buf_.find(opts_.markup.fence_open);
+          if (f != std::string::npos && f < best) {
+            best = f;
+            best_len = opts_.markup.fence_open.size();
+            fenced = true;
+          }
         }
         for (size_t i = 0; i < opts_.stop_sequences.size(); ++i) {
           const size_t p = buf_.find(opts_.stop_sequences[i]);
@@ -199,6 +206,8 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
           }
           held_ws_.clear();
           buf_.erase(0, best + best_len);
+          open_ = fenced ? opts_.markup.fence_open : opts_.markup.open;
+          close_ = fenced ? opts_.markup.fence_close : opts_.markup.close;
           mode_ = Mode::kToolCall;
           tool_buf_.clear();
           tool_close_from_ = 0;
@@ -206,7 +215,8 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         }
         size_t keep = 0;
         if (!final) {
-          if (opts_.parse_tool_calls) keep = PartialSuffix(buf_, kToolOpen);
+          if (opts_.parse_tool_calls)
+            keep = std::max(PartialSuffix(buf_, opts_.markup.open), PartialSuffix(buf_, opts_.markup.fence_open));
           for (const std::string& s : opts_.stop_sequences) keep = std::max(keep, PartialSuffix(buf_, s));
         }
         EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);
@@ -258,11 +268,11 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         buf_.clear();
         // Searched from where a close tag could still start: each byte of a long call is
         // scanned about once, not once per Feed.
-        const size_t end = tool_buf_.find(kToolClose, tool_close_from_);
-        if (end == std::string::npos && tool_buf_.size() >= kToolClose.size())
-          tool_close_from_ = tool_buf_.size() - kToolClose.size() + 1;
+        const size_t end = tool_buf_.find(close_, tool_close_from_);
+        if (end == std::string::npos && tool_buf_.size() >= close_.size())
+          tool_close_from_ = tool_buf_.size() - close_.size() + 1;
         if (end != std::string::npos) {
-          buf_ = tool_buf_.substr(end + kToolClose.size());
+          buf_ = tool_buf_.substr(end + close_.size());
           const std::string body = tool_buf_.substr(0, end);
           tool_buf_.clear();
           mode_ = Mode::kContent;

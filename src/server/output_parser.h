@@ -6,8 +6,10 @@
 //   text       — everything else, with stop sequences cut (generation stops at the first one) and
 //                whitespace around tool calls and at the end trimmed.
 //   tool calls — `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Hermes
-//                convention), parsed once complete and validated against the tool's input
-//                schema; a call that does not parse or validate is passed on as literal text.
+//                convention, model/chat_format.h ToolCallMarkup), or the same object in a
+//                ```json fence (Qwen2.5-Coder's habit), parsed once complete and validated
+//                against the tool's input schema; a call that does not parse or validate is
+//                passed on as literal text (a fenced block that is no call is text as written).
 //                Small models often drop the tags: a bare JSON object
 //                `{"name": ..., "arguments": ...}` at the start of the answer (or right after a
 //                call) that names a tool and validates is a call too; any other JSON is text.
@@ -42,6 +44,7 @@ class OutputParser {
     // The start of a forced tool call placed at the end of the prompt (the model continues
     // inside it), e.g. "<tool_call>\n{\"name\": \"". The parser starts inside the call.
     std::string tool_call_prefill;
+    ToolCallMarkup markup;
   };
 
   explicit OutputParser(Options opts);
@@ -66,6 +69,7 @@ class OutputParser {
   Mode mode_ = Mode::kContent;
   std::string buf_;             // undecided input
   std::string tool_buf_;        // body of the open tool call (or of a bare JSON object)
+  std::string open_, close_;    // kToolCall: the markers of the open call (tag or fence)
   size_t tool_close_from_ = 0;  // kToolCall: tool_buf_ holds no "</tool_call>" starting before this
   int json_depth_ = 0;          // kBareJson: brace depth, string state
   bool json_in_string_ = false;

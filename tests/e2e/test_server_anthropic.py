@@ -213,8 +213,9 @@ def test_errors_400(client, server):
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "d"}, "citations": {"enabled": True}}]}])
     assert "citations" in str(e.value)
     with pytest.raises(anthropic.BadRequestError) as e:
-        ask(client, extra_body={"output_config": {"format": {"type": "json_schema", "schema": {}}}})
-    assert "output_config.format" in str(e.value)
+        ask(client, extra_body={"output_config": {"format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}}})
+    assert "$.properties.a.pattern" in str(e.value)  # a keyword constrained decoding does not enforce
     with pytest.raises(anthropic.BadRequestError) as e:
         ask(client, "word " * 3000)
     assert e.value.status_code == 400

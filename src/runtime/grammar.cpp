@@ -1,0 +1,420 @@
+#include "runtime/grammar.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace mr {
+
+namespace {
+// Bounds against pathological grammars (ambiguous alternatives multiply stacks): expansion depth
+// without consuming a byte, and stacks per state. Grammars built by json_grammar stay far below.
+constexpr int kMaxExpandDepth = 256;
+constexpr size_t kMaxStacks = 4096;
+
+// The ASCII bytes that may appear unescaped in a JSON string (0x20..0x7f but '"' and '\\').
+ByteSet JsonStringAscii() {
+  ByteSet s;
+  for (int c = 0x20; c < 0x80; ++c) s.set(static_cast<size_t>(c));
+  s.reset('"');
+  s.reset('\\');
+  return s;
+}
+
+// Whether `piece` is whole characters of JSON string content: valid UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF), no control characters, quotes or backslashes.
+bool IsPlainStringText(std::string_view piece) {
+  const ByteSet ascii = JsonStringAscii();
+  size_t i = 0;
+  while (i < piece.size()) {
+    const uint8_t c = static_cast<uint8_t>(piece[i]);
+    if (c < 0x80) {
+      if (!ascii.test(c)) return false;
+      ++i;
+      continue;
+    }
+    int n = 0;
+    uint8_t lo = 0x80, hi = 0xbf;  // bounds of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(n) >= piece.size()) return false;  // a partial character
+    for (int k = 1; k <= n; ++k) {
+      const uint8_t b = static_cast<uint8_t>(piece[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
+    }
+    i += static_cast<size_t>(n) + 1;
+  }
+  return !piece.empty();
+}
+}  // namespace
+
+// ---- Builder ----
+
+GrammarBuilder::GrammarBuilder() {
+  // Index 0, never shared with an equal set from SetIndex: only JsonStringBody's loop uses it.
+  sets_.push_back(JsonStringAscii());
+  string_set_ = 0;
+}
+
+uint32_t GrammarBuilder::SetIndex(const ByteSet& set) {
+  for (size_t i = 1; i < sets_.size(); ++i)
+    if (sets_[i] == set) return static_cast<uint32_t>(i);
+  sets_.push_back(set);
+  return static_cast<uint32_t>(sets_.size() - 1);
+}
+
+GrammarBuilder::Expr GrammarBuilder::Bytes(const ByteSet& set) {
+  return Expr{{{Elem{Elem::kBytes, SetIndex(set)}}}};
+}
+
+GrammarBuilder::Expr GrammarBuilder::Byte(uint8_t c) {
+  ByteSet s;
+  s.set(c);
+  return Bytes(s);
+}
+
+GrammarBuilder::Expr GrammarBuilder::Range(uint8_t lo, uint8_t hi) {
+  ByteSet s;
+  for (int c = lo; c <= hi; ++c) s.set(static_cast<size_t>(c));
+  return Bytes(s);
+}
+
+GrammarBuilder::Expr GrammarBuilder::Literal(std::string_view text) {
+  Expr e{{{}}};
+  for (char c : text) {
+    ByteSet s;
+    s.set(static_cast<uint8_t>(c));
+    e.alts[0].push_back(Elem{Elem::kBytes, SetIndex(s)});
+  }
+  return e;
+}
+
+GrammarBuilder::Expr GrammarBuilder::Utf8NonAscii() {
+  // Well-formed UTF-8 sequences of 2 to 4 bytes (Unicode's table 3-7).
+  const Expr tail = Range(0x80, 0xbf);
+  return Alt({Seq({Range(0xc2, 0xdf), tail}), Seq({Byte(0xe0), Range(0xa0, 0xbf), tail}),
+              Seq({Range(0xe1, 0xec), tail, tail}), Seq({Byte(0xed), Range(0x80, 0x9f), tail}),
+              Seq({Range(0xee, 0xef), tail, tail}), Seq({Byte(0xf0), Range(0x90, 0xbf), tail, tail}),
+              Seq({Range(0xf1, 0xf3), tail, tail, tail}), Seq({Byte(0xf4), Range(0x80, 0x8f), tail, tail})});
+}
+
+GrammarBuilder::Expr GrammarBuilder::JsonStringBody() {
+  ByteSet simple;
+  for (char c : std::string_view("\"\\/bfnrt")) simple.set(static_cast<uint8_t>(c));
+  ByteSet hex;
+  for (char c : std::string_view("0123456789abcdefABCDEF")) hex.set(static_cast<uint8_t>(c));
+  const Expr escape = Seq({Byte('\\'), Alt({Bytes(simple), Seq({Byte('u'), Repeat(Bytes(hex), 4, 4)})})});
+  const Expr free{{{Elem{Elem::kBytes, string_set_}}}};
+  return Star(Alt({free, escape, Utf8NonAscii()}));
+}
+
+GrammarBuilder::Expr GrammarBuilder::AsRule(const Expr& e) {
+  if (e.alts.size() == 1) return e;
+  const uint32_t r = DeclareRule();
+  DefineRule(r, e);
+  return Ref(r);
+}
+
+GrammarBuilder::Expr GrammarBuilder::Seq(const std::vector<Expr>& parts) {
+  Expr out{{{}}};
+  for (const Expr& p : parts) {
+    const Expr one = AsRule(p);
+    for (const Elem& el : one.alts[0]) out.alts[0].push_back(el);
+  }
+  return out;
+}
+
+GrammarBuilder::Expr GrammarBuilder::Alt(const std::vector<Expr>& options) {
+  Expr out;
+  for (const Expr& o : options)
+    for (const auto& a : o.alts)
+      if (std::find(out.alts.begin(), out.alts.end(), a) == out.alts.end()) out.alts.push_back(a);
+  return out;
+}
+
+GrammarBuilder::Expr GrammarBuilder::Star(const Expr& e) {
+  // R -> a_1 R | ... | a_n R | (empty), one alternative per alternative of e.
+  const uint32_t r = DeclareRule();
+  Expr body;
+  for (const auto& a : e.alts) {
+    body.alts.push_back(a);
+    body.alts.back().push_back(Elem{Elem::kRef, r});
+  }
+  body.alts.emplace_back();
+  DefineRule(r, body);
+  return Ref(r);
+}
+
+GrammarBuilder::Expr GrammarBuilder::Repeat(const Expr& e, int lo, int hi) {
+  std::vector<Expr> parts(static_cast<size_t>(std::max(lo, 0)), e);
+  Expr tail = Empty();
+  for (int i = std::max(lo, 0); i < hi; ++i) tail = Opt(Seq({e, tail}));
+  parts.push_back(tail);
+  return Seq(parts);
+}
+
+uint32_t GrammarBuilder::DeclareRule() {
+  rules_.emplace_back();
+  defined_.push_back(false);
+  return static_cast<uint32_t>(rules_.size() - 1);
+}
+
+void GrammarBuilder::DefineRule(uint32_t rule, const Expr& body) {
+  rules_[rule] = body.alts;
+  defined_[rule] = true;
+}
+
+std::shared_ptr<const Grammar> GrammarBuilder::Build(const Expr& root) {
+  const uint32_t r = DeclareRule();
+  DefineRule(r, root);
+  auto g = std::make_shared<Grammar>();
+  g->sets_ = sets_;
+  g->string_set_ = string_set_;
+  g->root_ = r;
+  g->rule_alts_.resize(rules_.size());
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    assert(defined_[i]);
+    for (const auto& alt : rules_[i]) {
+      g->rule_alts_[i].push_back(static_cast<uint32_t>(g->elems_.size()));
+      for (const Elem& el : alt)
+        g->elems_.push_back({el.kind == Elem::kBytes ? Grammar::FlatElem::kBytes : Grammar::FlatElem::kRef, el.arg});
+      g->elems_.push_back({Grammar::FlatElem::kEnd, 0});
+    }
+  }
+  return g;
+}
+
+// ---- Matching ----
+
+void Grammar::Expand(GrammarState::Stack& st, std::vector<GrammarState::Stack>* out, int depth) const {
+  if (depth > kMaxExpandDepth || out->size() >= kMaxStacks) return;
+  if (st.empty()) {
+    out->push_back(st);
+    return;
+  }
+  const uint32_t pos = st.back();
+  const FlatElem& e = elems_[pos];
+  switch (e.kind) {
+    case FlatElem::kBytes:
+      out->push_back(st);
+      return;
+    case FlatElem::kEnd:
+      st.pop_back();
+      Expand(st, out, depth + 1);
+      st.push_back(pos);
+      return;
+    case FlatElem::kRef: {
+      st.pop_back();
+      // The continuation after the reference; dropped when the alternative ends there (a tail
+      // call), so right recursion does not grow the stack.
+      const bool cont = elems_[pos + 1].kind != FlatElem::kEnd;
+      if (cont) st.push_back(pos + 1);
+      for (uint32_t start : rule_alts_[e.arg]) {
+        st.push_back(start);
+        Expand(st, out, depth + 1);
+        st.pop_back();
+      }
+      if (cont) st.pop_back();
+      st.push_back(pos);
+      return;
+    }
+  }
+}
+
+void Grammar::Normalize(std::vector<GrammarState::Stack>* stacks) {
+  std::sort(stacks->begin(), stacks->end());
+  stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
+}
+
+GrammarState Grammar::Start() const {
+  GrammarState s;
+  s.g_ = this;
+  for (uint32_t start : rule_alts_[root_]) {
+    GrammarState::Stack st{start};
+    Expand(st, &s.stacks_, 0);
+  }
+  Normalize(&s.stacks_);
+  return s;
+}
+
+bool GrammarState::Advance(uint8_t c) {
+  if (g_ == nullptr) return false;
+  std::vector<Stack> next;
+  for (const Stack& st : stacks_) {
+    if (st.empty()) continue;
+    const uint32_t top = st.back();
+    if (!g_->sets_[g_->elems_[top].arg].test(c)) continue;
+    Stack s(st.begin(), st.end() - 1);
+    if (g_->elems_[top + 1].kind != Grammar::FlatElem::kEnd) s.push_back(top + 1);
+    g_->Expand(s, &next, 0);
+  }
+  Grammar::Normalize(&next);
+  stacks_ = std::move(next);
+  return !stacks_.empty();
+}
+
+bool GrammarState::AdvanceAll(std::string_view bytes) {
+  for (char c : bytes)
+    if (!Advance(static_cast<uint8_t>(c))) return false;
+  return true;
+}
+
+bool GrammarState::accepting() const {
+  for (const Stack& st : stacks_)
+    if (st.empty()) return true;
+  return false;
+}
+
+bool GrammarState::finished() const {
+  if (stacks_.empty()) return false;
+  for (const Stack& st : stacks_)
+    if (!st.empty()) return false;
+  return true;
+}
+
+ByteSet GrammarState::NextBytes() const {
+  ByteSet s;
+  for (const Stack& st : stacks_)
+    if (!st.empty()) s |= g_->sets_[g_->elems_[st.back()].arg];
+  return s;
+}
+
+bool GrammarState::in_free_string() const {
+  if (g_ == nullptr) return false;
+  const ByteSet& free = g_->sets_[g_->string_set_];
+  bool any = false;
+  for (const Stack& st : stacks_) {
+    if (st.empty()) continue;
+    const uint32_t set = g_->elems_[st.back()].arg;
+    if (set == g_->string_set_) {
+      any = true;
+    } else if ((g_->sets_[set] & free).any()) {
+      return false;
+    }
+  }
+  return any;
+}
+
+// ---- Token masks ----
+
+void TokenMasker::Trie::Build(std::vector<std::pair<std::string_view, TokenId>> entries) {
+  std::sort(entries.begin(), entries.end());
+  nodes.assign(1, Node{});
+  token_ids.clear();
+  struct Work {
+    uint32_t node;
+    size_t lo, hi, depth;
+  };
+  std::vector<Work> work{{0, 0, entries.size(), 0}};
+  while (!work.empty()) {
+    const Work w = work.back();
+    work.pop_back();
+    size_t i = w.lo;
+    nodes[w.node].first_token = static_cast<uint32_t>(token_ids.size());
+    while (i < w.hi && entries[i].first.size() == w.depth) token_ids.push_back(entries[i++].second);
+    nodes[w.node].n_tokens = static_cast<uint32_t>(token_ids.size()) - nodes[w.node].first_token;
+    const uint32_t first_child = static_cast<uint32_t>(nodes.size());
+    uint32_t n_children = 0;
+    for (size_t j = i; j < w.hi;) {
+      const char b = entries[j].first[w.depth];
+      size_t k = j;
+      while (k < w.hi && entries[k].first[w.depth] == b) ++k;
+      Node child;
+      child.byte = static_cast<uint8_t>(b);
+      nodes.push_back(child);
+      work.push_back({first_child + n_children, j, k, w.depth + 1});
+      ++n_children;
+      j = k;
+    }
+    nodes[w.node].first_child = first_child;
+    nodes[w.node].n_children = n_children;
+  }
+}
+
+TokenMasker::TokenMasker(const Tokenizer& tok, int64_t n_vocab) : n_vocab_(n_vocab) {
+  pieces_.resize(static_cast<size_t>(n_vocab));
+  eog_.assign(static_cast<size_t>(n_vocab), 0);
+  plain_.assign(static_cast<size_t>(n_vocab), 0);
+  std::vector<std::pair<std::string_view, TokenId>> all, special;
+  for (TokenId t = 0; t < n_vocab; ++t) {
+    eog_[t] = tok.IsEndOfGeneration(t) ? 1 : 0;
+    const TokenAttr a = tok.attr(t);
+    if (a == TokenAttr::kControl || a == TokenAttr::kUnknown || a == TokenAttr::kUnused) continue;
+    pieces_[t] = tok.TokenToPiece(t, /*render_special=*/false);
+    if (pieces_[t].empty()) continue;
+    const bool plain = IsPlainStringText(pieces_[t]);
+    plain_[t] = plain ? 1 : 0;
+    all.emplace_back(pieces_[t], t);
+    if (!plain) special.emplace_back(pieces_[t], t);
+  }
+  all_.Build(std::move(all));
+  special_.Build(std::move(special));
+}
+
+void TokenMasker::Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed) const {
+  // Depth-first over the trie; states[d] is the state after the first d bytes of the path.
+  struct Frame {
+    uint32_t node;
+    uint32_t next_child;
+  };
+  std::vector<GrammarState> states{state};
+  std::vector<ByteSet> next{state.NextBytes()};
+  std::vector<Frame> path{{0, 0}};
+  while (!path.empty()) {
+    Frame& f = path.back();
+    const Trie::Node& node = trie.nodes[f.node];
+    if (f.next_child == node.n_children) {
+      path.pop_back();
+      states.pop_back();
+      next.pop_back();
+      continue;
+    }
+    const uint32_t ci = node.first_child + f.next_child++;
+    const Trie::Node& child = trie.nodes[ci];
+    if (!next.back().test(child.byte)) continue;
+    GrammarState s = states.back();
+    if (!s.Advance(child.byte)) continue;
+    for (uint32_t i = 0; i < child.n_tokens; ++i) (*allowed)[trie.token_ids[child.first_token + i]] = 1;
+    if (child.n_children == 0) continue;
+    next.push_back(s.NextBytes());
+    states.push_back(std::move(s));
+    path.push_back({ci, 0});
+  }
+}
+
+void TokenMasker::Mask(const GrammarState& state, std::vector<uint8_t>* allowed) const {
+  if (state.finished()) {
+    allowed->assign(eog_.begin(), eog_.end());
+    return;
+  }
+  if (state.in_free_string()) {
+    allowed->assign(plain_.begin(), plain_.end());
+    Walk(special_, state, allowed);
+  } else {
+    allowed->assign(static_cast<size_t>(n_vocab_), 0);
+    Walk(all_, state, allowed);
+  }
+  if (state.accepting())
+    for (size_t t = 0; t < eog_.size(); ++t) (*allowed)[t] |= eog_[t];
+}
+
+bool TokenMasker::Allows(const GrammarState& state, TokenId t) const {
+  if (t < 0 || t >= n_vocab_) return false;
+  if (eog_[t]) return state.accepting();
+  const std::string& p = pieces_[t];
+  if (p.empty()) return false;
+  GrammarState s = state;
+  return s.AdvanceAll(p);
+}
+
+}  // namespace mr

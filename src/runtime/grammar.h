@@ -1,0 +1,181 @@
+// Context-free grammars over bytes, matched incrementally, and the token masks they induce.
+//
+//   GrammarBuilder b;                          // expressions are values: alternatives of sequences
+//   auto root = b.Seq({b.Literal("{\"a\": "), b.Plus(b.Range('0', '9')), b.Literal("}")});
+//   std::shared_ptr<const Grammar> g = b.Build(root);
+//   GrammarState s = g->Start();
+//   s.Advance('{');  ...                        // false: the byte is not allowed here
+//
+// A state is the set of parse stacks (positions in the grammar still open), as in an Earley /
+// GLR parser restricted to grammars without left recursion: advancing by a byte keeps the
+// stacks whose next element accepts it and expands rule references until every stack's top is
+// a byte set (or the stack is empty: the input so far is a complete sentence). Repetition is
+// right-recursive with tail calls dropped, so stacks do not grow with the length of a string.
+//
+// Token masks (TokenMasker): a trie over the vocabulary's byte pieces is walked from the state,
+// pruning a subtree at the first byte no stack accepts. Inside a JSON string (every stack that
+// accepts a printable ASCII byte is at the grammar's free-string loop), the tokens made only of
+// whole string characters (valid UTF-8, no quote, backslash or control byte) are allowed without
+// a walk (they leave the state as it is) and only the other tokens are walked.
+//
+// Thread-safety: Grammar and TokenMasker are immutable once built; a GrammarState belongs to one
+// thread.
+#pragma once
+
+#include <bitset>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace mr {
+
+using ByteSet = std::bitset<256>;
+
+class Grammar;
+
+// Builds a grammar from expressions. An expression is a list of alternatives, each a sequence
+// of elements (a byte set or a reference to a rule); combinators that need a rule of their own
+// (alternatives inside a sequence, repetition) create one.
+class GrammarBuilder {
+ public:
+  struct Elem {
+    enum Kind : uint8_t { kBytes, kRef };
+    Kind kind;
+    uint32_t arg;  // byte set index or rule index
+    bool operator==(const Elem&) const = default;
+  };
+  struct Expr {
+    std::vector<std::vector<Elem>> alts;
+  };
+
+  GrammarBuilder();
+
+  Expr Empty() const { return Expr{{{}}}; }
+  Expr Bytes(const ByteSet& set);
+  Expr Byte(uint8_t c);
+  Expr Range(uint8_t lo, uint8_t hi);
+  Expr Literal(std::string_view s);
+  // One well-formed UTF-8 character of 2 to 4 bytes.
+  Expr Utf8NonAscii();
+  // The inside of a JSON string: (unescaped ASCII | escape sequence | UTF-8 character)*. Its
+  // unescaped-ASCII element is the grammar's free-string set (see TokenMasker): a loop, so that
+  // consuming whole characters leaves a state inside it unchanged.
+  Expr JsonStringBody();
+  Expr Seq(const std::vector<Expr>& parts);
+  Expr Alt(const std::vector<Expr>& options);
+  Expr Opt(const Expr& e) { return Alt({e, Empty()}); }
+  // Zero or more; `e` must not match the empty string.
+  Expr Star(const Expr& e);
+  Expr Plus(const Expr& e) { return Seq({e, Star(e)}); }
+  // Between lo and hi repetitions (hi >= lo; unrolled).
+  Expr Repeat(const Expr& e, int lo, int hi);
+
+  // Rules by number, for recursion: declare, refer, define later.
+  uint32_t DeclareRule();
+  Expr Ref(uint32_t rule) const { return Expr{{{Elem{Elem::kRef, rule}}}}; }
+  void DefineRule(uint32_t rule, const Expr& body);
+
+  std::shared_ptr<const Grammar> Build(const Expr& root);
+
+ private:
+  uint32_t SetIndex(const ByteSet& set);
+  Expr AsRule(const Expr& e);  // one element: a reference to a rule holding e (e itself if simple)
+
+  std::vector<ByteSet> sets_;
+  std::vector<std::vector<std::vector<Elem>>> rules_;
+  std::vector<bool> defined_;
+  uint32_t string_set_ = 0;
+};
+
+class Grammar;
+
+class GrammarState {
+ public:
+  GrammarState() = default;
+  // Consumes one byte; false (and the state is dead) when no stack accepts it.
+  bool Advance(uint8_t c);
+  bool AdvanceAll(std::string_view bytes);
+  // The input so far is a complete sentence.
+  bool accepting() const;
+  // Nothing more can be consumed (every stack is empty); accepting then.
+  bool finished() const;
+  bool dead() const { return stacks_.empty(); }
+  // Every stack that accepts an ordinary string byte is at the free-string set (and one is).
+  bool in_free_string() const;
+  // Bytes some stack accepts next.
+  ByteSet NextBytes() const;
+  const Grammar* grammar() const { return g_; }
+
+ private:
+  friend class Grammar;
+  friend class TokenMasker;
+  using Stack = std::vector<uint32_t>;  // positions in Grammar::elems_, top last
+  const Grammar* g_ = nullptr;
+  std::vector<Stack> stacks_;  // sorted, unique; each top is a byte set, or empty
+};
+
+class Grammar {
+ public:
+  GrammarState Start() const;
+  size_t n_rules() const { return rule_alts_.size(); }
+
+ private:
+  friend class GrammarBuilder;
+  friend class GrammarState;
+  friend class TokenMasker;
+  struct FlatElem {
+    enum Kind : uint8_t { kBytes, kRef, kEnd };
+    Kind kind;
+    uint32_t arg;
+  };
+  // Pushes onto `out` every expansion of `stack` whose top is a byte set (or that is empty).
+  void Expand(GrammarState::Stack& stack, std::vector<GrammarState::Stack>* out, int depth) const;
+  static void Normalize(std::vector<GrammarState::Stack>* stacks);
+
+  std::vector<ByteSet> sets_;
+  uint32_t string_set_ = 0;
+  std::vector<FlatElem> elems_;
+  std::vector<std::vector<uint32_t>> rule_alts_;  // start position of each alternative
+  uint32_t root_ = 0;
+};
+
+// The vocabulary's byte pieces as tries, for computing which tokens a grammar state allows.
+class TokenMasker {
+ public:
+  explicit TokenMasker(const Tokenizer& tok, int64_t n_vocab);
+
+  // allowed[t] = 1 when token t's bytes can be consumed from `state` (end-of-generation tokens:
+  // when the state is accepting). Resized to n_vocab.
+  void Mask(const GrammarState& state, std::vector<uint8_t>* allowed) const;
+  // Whether token t's bytes can be consumed from `state` (what Mask computes for one token).
+  bool Allows(const GrammarState& state, TokenId t) const;
+  const std::string& piece(TokenId t) const { return pieces_[static_cast<size_t>(t)]; }
+  bool is_eog(TokenId t) const { return eog_[static_cast<size_t>(t)] != 0; }
+  int64_t n_vocab() const { return n_vocab_; }
+
+ private:
+  struct Trie {
+    struct Node {
+      uint32_t first_child = 0, n_children = 0;  // children are contiguous in nodes
+      uint32_t first_token = 0, n_tokens = 0;    // tokens whose piece ends here (in token_ids)
+      uint8_t byte = 0;
+    };
+    std::vector<Node> nodes;  // nodes[0] is the root
+    std::vector<TokenId> token_ids;
+    void Build(std::vector<std::pair<std::string_view, TokenId>> entries);
+  };
+  void Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed) const;
+
+  int64_t n_vocab_ = 0;
+  std::vector<std::string> pieces_;
+  std::vector<uint8_t> eog_;
+  std::vector<uint8_t> plain_;  // the piece is whole characters of JSON string content
+  Trie all_;                    // every token with a non-empty piece
+  Trie special_;                // of them, the ones that are not plain
+};
+
+}  // namespace mr

@@ -1,0 +1,311 @@
+// Grammar matching, JSON Schema grammars, token masks and constrained generation.
+//
+// Oracles: nlohmann's JSON parser and hand-checked schema properties for random sentences of the
+// grammar; the per-token check (a byte-by-byte advance, no trie) for the trie masks; and the real
+// SmolLM2 model sampling at temperature 1 under the constraint.
+#include "runtime/grammar.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/test_models.h"
+#include "runtime/constraint.h"
+#include "runtime/generator.h"
+#include "runtime/json_grammar.h"
+
+namespace mr {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::shared_ptr<const Grammar> SchemaGrammar(const Json& schema, bool strict = false) {
+  GrammarBuilder b;
+  Result<GrammarBuilder::Expr> e = JsonSchemaExpr(b, schema, {strict});
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return b.Build(*e);
+}
+
+bool Matches(const Grammar& g, std::string_view text) {
+  GrammarState s = g.Start();
+  return s.AdvanceAll(text) && s.accepting();
+}
+
+// A random sentence: random allowed bytes, preferring to close once `soft_len` is passed.
+std::string RandomSentence(const Grammar& g, std::mt19937& rng, size_t soft_len) {
+  GrammarState s = g.Start();
+  std::string out;
+  for (int guard = 0; guard < 20000; ++guard) {
+    if (s.accepting() && (s.finished() || out.size() > soft_len || rng() % 8 == 0)) return out;
+    const ByteSet next = s.NextBytes();
+    std::vector<uint8_t> options;
+    for (int c = 0; c < 256; ++c)
+      if (next.test(static_cast<size_t>(c))) options.push_back(static_cast<uint8_t>(c));
+    if (options.empty()) break;
+    // Past the soft length, prefer the bytes that close things.
+    uint8_t c = options[rng() % options.size()];
+    if (out.size() > soft_len) {
+      for (uint8_t pref : {'"', '}', ']', '0', 'n', 't', 'f', 'u', 'l', 'r', 'e', 'a', 's'})
+        if (next.test(pref)) {
+          c = pref;
+          break;
+        }
+    }
+    out.push_back(static_cast<char>(c));
+    EXPECT_TRUE(s.Advance(c));
+  }
+  ADD_FAILURE() << "no sentence completed: " << out;
+  return out;
+}
+
+TEST(Grammar, LiteralsAlternativesAndRepetition) {
+  GrammarBuilder b;
+  const auto g = b.Build(b.Seq({b.Literal("ab"), b.Alt({b.Literal("c"), b.Literal("cd")}), b.Star(b.Literal("x")),
+                                b.Repeat(b.Range('0', '9'), 1, 3)}));
+  for (const char* ok : {"abc1", "abcd12", "abcxxx123", "abcdx9"}) EXPECT_TRUE(Matches(*g, ok)) << ok;
+  for (const char* bad : {"ab1", "abc", "abc1234", "abcy1", "abdd1", ""}) EXPECT_FALSE(Matches(*g, bad)) << bad;
+  GrammarState s = g->Start();
+  EXPECT_FALSE(s.Advance('b'));
+  EXPECT_TRUE(s.dead());
+}
+
+TEST(Grammar, RecursionThroughDeclaredRules) {
+  GrammarBuilder b;
+  const uint32_t r = b.DeclareRule();  // r -> "(" r* ")"
+  b.DefineRule(r, b.Seq({b.Literal("("), b.Star(b.Ref(r)), b.Literal(")")}));
+  const auto g = b.Build(b.Ref(r));
+  EXPECT_TRUE(Matches(*g, "()"));
+  EXPECT_TRUE(Matches(*g, "(()(()))"));
+  EXPECT_FALSE(Matches(*g, "(()"));
+  EXPECT_FALSE(Matches(*g, "())"));
+  GrammarState s = g->Start();
+  ASSERT_TRUE(s.AdvanceAll("(()())"));
+  EXPECT_TRUE(s.finished());
+}
+
+TEST(JsonGrammar, StringsNumbersAndLiterals) {
+  const auto g = SchemaGrammar(Json::parse(R"({"type": ["string", "number", "boolean", "null"]})"));
+  for (const char* ok : {R"("")", R"("a \"q\" \\ \/ \n \u00e9 é")", "0", "-12.5e+3", "1E9", "true", "null", "3.25"})
+    EXPECT_TRUE(Matches(*g, ok)) << ok;
+  for (const char* bad : {"01", "1.", ".5", "-", R"("\x")", "\"a\nb\"", "\"\\u12\"", "nul", "True", "+1"})
+    EXPECT_FALSE(Matches(*g, bad)) << bad;
+  const auto i = SchemaGrammar(Json::parse(R"({"type": "integer"})"));
+  EXPECT_TRUE(Matches(*i, "-40"));
+  EXPECT_FALSE(Matches(*i, "4.0"));
+}
+
+TEST(JsonGrammar, ObjectsKeepSchemaOrderAndRequiredProperties) {
+  const Json schema = Json::parse(R"({"type": "object", "properties": {
+      "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+      "required": ["city"]})");
+  const auto g = SchemaGrammar(schema);
+  for (const char* ok : {R"({"city": "Oslo"})", R"({"city":"Oslo","days":3})", R"({"city": "", "unit": "f"})",
+                         R"({"city": "x", "days": -1, "unit": "c"})"})
+    EXPECT_TRUE(Matches(*g, ok)) << ok;
+  for (const char* bad : {"{}", R"({"days": 3})", R"({"days": 3, "city": "x"})", R"({"city": "x", "unit": "k"})",
+                          R"({"city": "x",})", R"({"city": "x", "other": 1})", R"({ "city": "x"})",
+                          R"({"city": "x", "days": 1.5})"})
+    EXPECT_FALSE(Matches(*g, bad)) << bad;
+}
+
+TEST(JsonGrammar, RandomSentencesParseAndSatisfyTheSchema) {
+  const Json schema = Json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string"},
+      "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+      "size": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+      "meta": {"type": "object"},
+      "tree": {"$ref": "#/$defs/node"}},
+      "required": ["name", "tags"],
+      "$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                         "required": ["kids"]}}})");
+  const auto g = SchemaGrammar(schema);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = RandomSentence(*g, rng, 40);
+    const Json v = Json::parse(s, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(v.is_discarded()) << s;
+    ASSERT_TRUE(v.is_object()) << s;
+    ASSERT_TRUE(v.contains("name") && v["name"].is_string()) << s;
+    ASSERT_TRUE(v["tags"].is_array() && v["tags"].size() >= 1 && v["tags"].size() <= 3) << s;
+    for (const Json& t : v["tags"]) {
+      ASSERT_TRUE(t.is_string()) << s;
+    }
+    if (v.contains("size")) {
+      ASSERT_TRUE(v["size"].is_null() || v["size"].is_number_integer()) << s;
+    }
+    if (v.contains("meta")) {
+      ASSERT_TRUE(v["meta"].is_object()) << s;
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      ASSERT_TRUE(schema["properties"].contains(it.key())) << "undeclared " << it.key() << " in " << s;
+    }
+    std::vector<const Json*> nodes;
+    if (v.contains("tree")) nodes.push_back(&v["tree"]);
+    while (!nodes.empty()) {
+      const Json* n = nodes.back();
+      nodes.pop_back();
+      ASSERT_TRUE(n->is_object() && n->contains("kids") && (*n)["kids"].is_array()) << s;
+      for (const Json& k : (*n)["kids"]) nodes.push_back(&k);
+    }
+  }
+}
+
+TEST(JsonGrammar, UnsupportedKeywordsAreNamed) {
+  GrammarBuilder b;
+  auto err = [&](const char* schema, bool strict) {
+    Result<GrammarBuilder::Expr> e = JsonSchemaExpr(b, Json::parse(schema), {strict});
+    return e.ok() ? std::string() : e.status().message();
+  };
+  EXPECT_NE(err(R"({"type": "array", "prefixItems": [{}]})", false).find("$.prefixItems"), std::string::npos);
+  EXPECT_NE(err(R"({"properties": {"a": {"not": {}}}})", false).find("$.properties.a.not"), std::string::npos);
+  EXPECT_NE(err(R"({"allOf": [{}, {}]})", false).find("allOf"), std::string::npos);
+  EXPECT_NE(err(R"({"$ref": "https://x/y"})", false).find("$ref"), std::string::npos);
+  // Value bounds: refused in strict mode, not enforced otherwise.
+  EXPECT_NE(err(R"({"type": "integer", "minimum": 1})", true).find("$.minimum"), std::string::npos);
+  EXPECT_EQ(err(R"({"type": "integer", "minimum": 1})", false), "");
+  EXPECT_NE(err(R"({"type": "string", "pattern": "^a"})", true).find("pattern"), std::string::npos);
+  EXPECT_EQ(err(R"({"type": "object", "properties": {"a": {"type": "string", "description": "d"}},
+                    "additionalProperties": false, "title": "t"})",
+                true),
+            "");
+}
+
+// ---- Token masks on a real vocabulary ----
+
+class TokenMaskTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = LoadPulledModel(kSmolLM2File);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(*m);
+    if (model_) masker_ = std::make_shared<const TokenMasker>(model_->tokenizer(), model_->config().n_vocab);
+  }
+  static void TearDownTestSuite() {
+    masker_.reset();
+    model_.reset();
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "SmolLM2 not pulled (mererun pull smollm2-135m-instruct)";
+  }
+  static std::unique_ptr<Model> model_;
+  static std::shared_ptr<const TokenMasker> masker_;
+};
+std::unique_ptr<Model> TokenMaskTest::model_;
+std::shared_ptr<const TokenMasker> TokenMaskTest::masker_;
+
+TEST_F(TokenMaskTest, TrieMaskEqualsPerTokenCheck) {
+  const auto g = SchemaGrammar(Json::parse(R"({"type": "object", "properties": {
+      "path": {"type": "string"}, "n": {"type": "number"}, "mode": {"enum": ["read", "write"]}},
+      "required": ["path", "mode"]})"));
+  // States along a valid sentence: every prefix.
+  const std::string text = R"({"path": "a/b \"c\" \\ é\n", "n": -1.5e3, "mode": "write"})";
+  GrammarState s = g->Start();
+  std::vector<uint8_t> mask;
+  int free_string_states = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    masker_->Mask(s, &mask);
+    free_string_states += s.in_free_string() ? 1 : 0;
+    int64_t allowed = 0;
+    for (TokenId t = 0; t < masker_->n_vocab(); ++t) {
+      ASSERT_EQ(mask[t] != 0, masker_->Allows(s, t))
+          << "token " << t << " \"" << masker_->piece(t) << "\" after " << text.substr(0, i);
+      allowed += mask[t];
+    }
+    EXPECT_GT(allowed, 0) << text.substr(0, i);
+    if (i < text.size()) {
+      ASSERT_TRUE(s.Advance(static_cast<uint8_t>(text[i]))) << text.substr(0, i + 1);
+    }
+  }
+  EXPECT_TRUE(s.finished());
+  EXPECT_GT(free_string_states, 5);  // the fast path was exercised
+}
+
+TEST_F(TokenMaskTest, LazyConstraintStartsAtTheTriggerAndRepeats) {
+  GrammarBuilder b;
+  const auto g =
+      b.Build(b.Seq({b.Literal("<x>{\"a\": "), b.Plus(b.Range('0', '9')), b.Literal("}</x>")}));
+  TokenConstraint c(g, masker_, {{"<x>"}, /*repeat=*/true});
+  const Tokenizer& tok = model_->tokenizer();
+  auto feed = [&](const std::string& s) {
+    for (TokenId t : tok.Encode(s, false, false)) c.Accept(t);
+  };
+  feed("some text <");
+  EXPECT_FALSE(c.active());
+  feed("x>");
+  EXPECT_TRUE(c.active());
+  std::vector<float> logits(static_cast<size_t>(masker_->n_vocab()), 0.0f);
+  std::vector<uint8_t> scratch;
+  c.Apply(logits.data(), &scratch);
+  for (TokenId t = 0; t < masker_->n_vocab(); ++t) {
+    if (std::isfinite(logits[t])) {
+      ASSERT_EQ(masker_->piece(t)[0], '{') << masker_->piece(t);
+    }
+  }
+  feed("{\"a\": 12}</x>");
+  EXPECT_FALSE(c.active());  // complete: free text again
+  feed(" more <x>{\"a\": ");
+  EXPECT_TRUE(c.active());
+  EXPECT_FALSE(c.Allows(tok.Encode("}", false, false)[0]));  // a digit must come first
+}
+
+// Sampled at temperature 1 (every token possible), the output is valid for the schema, with and
+// without speculative decoding; greedy constrained output is identical with speculation.
+TEST_F(TokenMaskTest, ConstrainedGenerationIsValidSampledAndSpeculative) {
+  const Json schema = Json::parse(R"({"type": "object", "properties": {
+      "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+      "required": ["city", "days", "unit"], "additionalProperties": false})");
+  const auto g = SchemaGrammar(schema);
+  const Tokenizer& tok = model_->tokenizer();
+  const std::vector<TokenId> prompt =
+      tok.Encode("<|im_start|>user\nWeather in Paris for 3 days?<|im_end|>\n<|im_start|>assistant\n", true, true);
+  Generator gen(*model_, 512);
+  NgramDrafter ngram;
+  int completed = 0;
+  for (int run = 0; run < 12; ++run) {
+    GenerateParams p;
+    p.sampling.temperature = 1.0f;
+    p.seed = 100 + run;
+    p.seeded = true;
+    p.max_tokens = 120;
+    p.constraint = std::make_shared<TokenConstraint>(g, masker_, TokenConstraint::Options{});
+    if (run % 2 == 1) p.spec.drafter = &ngram;
+    std::vector<TokenId> out;
+    auto st = gen.Generate(prompt, p, [&](TokenId t) {
+      out.push_back(t);
+      return true;
+    });
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    const std::string text = tok.Decode(out, false);
+    if (st->stop == StopCause::kMaxTokens) continue;  // a long string: valid so far, not complete
+    EXPECT_EQ(st->stop, StopCause::kEndOfGeneration) << text;
+    const Json v = Json::parse(text, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << text;
+    EXPECT_TRUE(v["city"].is_string() && v["days"].is_number_integer()) << text;
+    EXPECT_TRUE(v["unit"] == "celsius" || v["unit"] == "fahrenheit") << text;
+    EXPECT_EQ(v.size(), 3u) << text;
+    ++completed;
+  }
+  EXPECT_GE(completed, 6);
+  // Greedy: the same tokens with and without drafts.
+  std::vector<std::vector<TokenId>> outs;
+  for (Drafter* d : {static_cast<Drafter*>(nullptr), static_cast<Drafter*>(&ngram)}) {
+    GenerateParams p;
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 60;
+    p.constraint = std::make_shared<TokenConstraint>(g, masker_, TokenConstraint::Options{});
+    p.spec.drafter = d;
+    p.spec.draft_tokens = 4;
+    p.spec.adaptive = false;
+    outs.emplace_back();
+    auto st = gen.Generate(prompt, p, [&](TokenId t) {
+      outs.back().push_back(t);
+      return true;
+    });
+    ASSERT_TRUE(st.ok());
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_TRUE(Matches(*g, tok.Decode(outs[0], false)) || outs[0].size() == 60u) << tok.Decode(outs[0], false);
+}
+
+}  // namespace
+}  // namespace mr

@@ -1,0 +1,344 @@
+#include "runtime/json_grammar.h"
+
+#include <array>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+namespace mr {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Expr = GrammarBuilder::Expr;
+
+constexpr int kMaxSchemaDepth = 64;
+constexpr int64_t kMaxUnrolledItems = 64;
+
+const std::set<std::string>& Annotations() {
+  static const std::set<std::string> k = {"title",    "description", "default",  "examples",  "$schema",
+                                          "$id",      "$comment",    "deprecated", "readOnly", "writeOnly",
+                                          "$defs",    "definitions", "nullable", "type",      "properties",
+                                          "required", "additionalProperties",    "items",     "minItems",
+                                          "maxItems", "enum",        "const",    "anyOf",     "oneOf",
+                                          "allOf",    "$ref",        "strict"};
+  return k;
+}
+
+// Value constraints the grammar does not enforce.
+const std::set<std::string>& Unenforced() {
+  static const std::set<std::string> k = {"minimum",   "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                          "multipleOf", "minLength", "maxLength",      "pattern",
+                                          "format",    "uniqueItems", "minProperties", "maxProperties",
+                                          "contentEncoding", "contentMediaType"};
+  return k;
+}
+
+class Compiler {
+ public:
+  Compiler(GrammarBuilder& b, const Json& root, const JsonGrammarOptions& opts) : b_(b), root_(root), opts_(opts) {}
+
+  Result<Expr> Value(const Json& s, const std::string& path, int depth) {
+    if (depth > kMaxSchemaDepth) return InvalidArgument(path + ": the schema is nested too deeply");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return InvalidArgument(path + ": the schema `false` matches nothing");
+      return AnyValue();
+    }
+    if (!s.is_object()) return InvalidArgument(path + ": expected a schema object");
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (Annotations().count(k)) continue;
+      if (Unenforced().count(k)) {
+        if (opts_.strict)
+          return InvalidArgument(path + "." + k + ": the keyword \"" + k +
+                                 "\" is not supported in strict mode (constrained decoding does not enforce it)");
+        continue;
+      }
+      if (k.rfind("x-", 0) == 0) continue;  // vendor extensions
+      return InvalidArgument(path + "." + k + ": the keyword \"" + k + "\" is not supported for constrained decoding");
+    }
+    Result<Expr> e = Core(s, path, depth);
+    if (!e.ok()) return e;
+    if (s.contains("nullable") && s["nullable"].is_boolean() && s["nullable"].get<bool>())
+      return b_.Alt({*e, b_.Literal("null")});
+    return e;
+  }
+
+  Expr AnyValue() {
+    if (!any_value_) {
+      const uint32_t value = b_.DeclareRule();
+      any_value_ = value;
+      const Expr v = b_.Ref(value);
+      const Expr member = b_.Seq({String(), Colon(), v});
+      const Expr object = b_.Seq({b_.Literal("{"), b_.Opt(b_.Seq({member, b_.Star(b_.Seq({Comma(), member}))})),
+                                  b_.Literal("}")});
+      const Expr array =
+          b_.Seq({b_.Literal("["), b_.Opt(b_.Seq({v, b_.Star(b_.Seq({Comma(), v}))})), b_.Literal("]")});
+      const uint32_t obj = b_.DeclareRule();
+      b_.DefineRule(obj, object);
+      any_object_ = obj;
+      b_.DefineRule(value, b_.Alt({b_.Ref(obj), array, String(), Number(), b_.Literal("true"), b_.Literal("false"),
+                                   b_.Literal("null")}));
+    }
+    return b_.Ref(*any_value_);
+  }
+
+  Expr AnyObject() {
+    AnyValue();
+    return b_.Ref(*any_object_);
+  }
+
+ private:
+  Expr Colon() { return b_.Seq({b_.Literal(":"), b_.Opt(b_.Literal(" "))}); }
+  Expr Comma() { return b_.Seq({b_.Literal(","), b_.Opt(b_.Literal(" "))}); }
+  Expr String() {
+    if (!string_) {
+      string_ = b_.DeclareRule();
+      b_.DefineRule(*string_, b_.Seq({b_.Literal("\""), b_.JsonStringBody(), b_.Literal("\"")}));
+    }
+    return b_.Ref(*string_);
+  }
+  // Integers of at most 18 digits, fractions of at most 18 and exponents of at most 3: values a
+  // double holds (and no endless run of digits from a sampled model).
+  Expr Integer() {
+    if (!integer_) {
+      integer_ = b_.DeclareRule();
+      b_.DefineRule(*integer_, b_.Seq({b_.Opt(b_.Literal("-")), b_.Alt({b_.Literal("0"), b_.Seq({b_.Range('1', '9'),
+                                                                                             b_.Repeat(Digit(), 0, 17)})})}));
+    }
+    return b_.Ref(*integer_);
+  }
+  Expr Digit() { return b_.Range('0', '9'); }
+  Expr Number() {
+    if (!number_) {
+      number_ = b_.DeclareRule();
+      ByteSet e;
+      e.set('e');
+      e.set('E');
+      ByteSet sign;
+      sign.set('+');
+      sign.set('-');
+      b_.DefineRule(*number_, b_.Seq({Integer(), b_.Opt(b_.Seq({b_.Literal("."), b_.Repeat(Digit(), 1, 18)})),
+                                      b_.Opt(b_.Seq({b_.Bytes(e), b_.Opt(b_.Bytes(sign)), b_.Repeat(Digit(), 1, 3)}))}));
+    }
+    return b_.Ref(*number_);
+  }
+  Expr JsonLiteral(const Json& v) { return b_.Literal(v.dump(-1, ' ', false, Json::error_handler_t::replace)); }
+
+  Result<Expr> Core(const Json& s, const std::string& path, int depth) {
+    if (auto it = s.find("$ref"); it != s.end()) return Ref(*it, path + ".$ref", depth);
+    if (auto it = s.find("const"); it != s.end()) return JsonLiteral(*it);
+    if (auto it = s.find("enum"); it != s.end()) {
+      if (!it->is_array() || it->empty()) return InvalidArgument(path + ".enum: expected a non-empty array");
+      std::vector<Expr> options;
+      for (const Json& v : *it) options.push_back(JsonLiteral(v));
+      return b_.Alt(options);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (auto it = s.find(key); it != s.end()) {
+        if (!it->is_array() || it->empty()) return InvalidArgument(path + "." + key + ": expected a non-empty array");
+        std::vector<Expr> options;
+        for (size_t i = 0; i < it->size(); ++i) {
+          Result<Expr> e = Value((*it)[i], path + "." + key + "[" + std::to_string(i) + "]", depth + 1);
+          if (!e.ok()) return e;
+          options.push_back(*e);
+        }
+        return b_.Alt(options);
+      }
+    }
+    if (auto it = s.find("allOf"); it != s.end()) {
+      if (!it->is_array() || it->size() != 1)
+        return InvalidArgument(path + ".allOf: only allOf with a single schema is supported for constrained decoding");
+      return Value((*it)[0], path + ".allOf[0]", depth + 1);
+    }
+    std::vector<std::string> types;
+    if (auto it = s.find("type"); it != s.end()) {
+      if (it->is_string()) {
+        types.push_back(it->get<std::string>());
+      } else if (it->is_array()) {
+        for (const Json& t : *it) {
+          if (!t.is_string()) return InvalidArgument(path + ".type: expected a string or an array of strings");
+          types.push_back(t.get<std::string>());
+        }
+      } else {
+        return InvalidArgument(path + ".type: expected a string or an array of strings");
+      }
+    } else if (s.contains("properties")) {
+      types.push_back("object");
+    } else if (s.contains("items")) {
+      types.push_back("array");
+    } else {
+      return AnyValue();
+    }
+    std::vector<Expr> options;
+    for (const std::string& t : types) {
+      Result<Expr> e = Typed(s, t, path, depth);
+      if (!e.ok()) return e;
+      options.push_back(*e);
+    }
+    if (options.empty()) return InvalidArgument(path + ".type: expected at least one type");
+    return b_.Alt(options);
+  }
+
+  Result<Expr> Typed(const Json& s, const std::string& t, const std::string& path, int depth) {
+    if (t == "string") return String();
+    if (t == "number") return Number();
+    if (t == "integer") return Integer();
+    if (t == "boolean") return b_.Alt({b_.Literal("true"), b_.Literal("false")});
+    if (t == "null") return b_.Literal("null");
+    if (t == "object") return Object(s, path, depth);
+    if (t == "array") return Array(s, path, depth);
+    return InvalidArgument(path + ".type: unknown type \"" + t + "\"");
+  }
+
+  Result<Expr> Object(const Json& s, const std::string& path, int depth) {
+    const auto props = s.find("properties");
+    if (props == s.end() || !props->is_object() || props->empty()) {
+      // No declared properties: any members, or members of the additionalProperties schema.
+      const auto extra = s.find("additionalProperties");
+      if (extra != s.end() && extra->is_boolean() && !extra->get<bool>()) return b_.Literal("{}");
+      if (extra == s.end() || !extra->is_object()) return AnyObject();
+      Result<Expr> v = Value(*extra, path + ".additionalProperties", depth + 1);
+      if (!v.ok()) return v;
+      const Expr member = b_.Seq({String(), Colon(), *v});
+      return b_.Seq({b_.Literal("{"), b_.Opt(b_.Seq({member, b_.Star(b_.Seq({Comma(), member}))})), b_.Literal("}")});
+    }
+    std::set<std::string> required;
+    if (auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) return InvalidArgument(path + ".required: expected an array of names");
+      for (const Json& r : *it) {
+        if (!r.is_string()) return InvalidArgument(path + ".required: expected an array of names");
+        if (!props->contains(r.get<std::string>()))
+          return InvalidArgument(path + ".required: \"" + r.get<std::string>() + "\" is not in properties");
+        required.insert(r.get<std::string>());
+      }
+    }
+    struct Prop {
+      Expr kv;
+      bool required;
+    };
+    std::vector<Prop> list;
+    for (auto it = props->begin(); it != props->end(); ++it) {
+      Result<Expr> v = Value(it.value(), path + ".properties." + it.key(), depth + 1);
+      if (!v.ok()) return v;
+      list.push_back({b_.Seq({JsonLiteral(Json(it.key())), Colon(), *v}), required.count(it.key()) > 0});
+    }
+    // tail[i][first]: properties i.. in order, `first` when none has been written yet.
+    const size_t n = list.size();
+    std::vector<std::array<Expr, 2>> tail(n + 1, {b_.Empty(), b_.Empty()});
+    for (size_t i = n; i-- > 0;) {
+      for (int first = 0; first < 2; ++first) {
+        const Expr with = first ? b_.Seq({list[i].kv, tail[i + 1][0]}) : b_.Seq({Comma(), list[i].kv, tail[i + 1][0]});
+        Expr e = list[i].required ? with : b_.Alt({with, tail[i + 1][first]});
+        // A rule per suffix keeps the expression linear in the number of properties.
+        const uint32_t r = b_.DeclareRule();
+        b_.DefineRule(r, e);
+        tail[i][first] = b_.Ref(r);
+      }
+    }
+    return b_.Seq({b_.Literal("{"), tail[0][1], b_.Literal("}")});
+  }
+
+  Result<Expr> Array(const Json& s, const std::string& path, int depth) {
+    Expr item = AnyValue();
+    if (auto it = s.find("items"); it != s.end()) {
+      Result<Expr> e = Value(*it, path + ".items", depth + 1);
+      if (!e.ok()) return e;
+      item = *e;
+    }
+    int64_t lo = 0;
+    std::optional<int64_t> hi;
+    if (auto it = s.find("minItems"); it != s.end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0)
+        return InvalidArgument(path + ".minItems: expected an integer >= 0");
+      lo = it->get<int64_t>();
+      if (lo > kMaxUnrolledItems)
+        return InvalidArgument(path + ".minItems: at most " + std::to_string(kMaxUnrolledItems) +
+                               " is supported for constrained decoding");
+    }
+    if (auto it = s.find("maxItems"); it != s.end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < lo)
+        return InvalidArgument(path + ".maxItems: expected an integer >= minItems");
+      if (it->get<int64_t>() <= kMaxUnrolledItems) {
+        hi = it->get<int64_t>();
+      } else if (opts_.strict) {
+        return InvalidArgument(path + ".maxItems: at most " + std::to_string(kMaxUnrolledItems) +
+                               " is supported in strict mode");
+      }
+    }
+    const uint32_t r = b_.DeclareRule();  // one rule for the item, shared by the unrolled copies
+    b_.DefineRule(r, item);
+    const Expr one = b_.Ref(r);
+    const Expr more = b_.Seq({Comma(), one});
+    Expr body;
+    if (hi && *hi == 0) {
+      body = b_.Empty();
+    } else {
+      const int first_lo = lo > 0 ? 1 : 0;
+      Expr rest = hi ? b_.Repeat(more, static_cast<int>(std::max<int64_t>(lo - 1, 0)), static_cast<int>(*hi - 1))
+                     : b_.Seq({b_.Repeat(more, static_cast<int>(std::max<int64_t>(lo - 1, 0)),
+                                         static_cast<int>(std::max<int64_t>(lo - 1, 0))),
+                               b_.Star(more)});
+      body = b_.Seq({one, rest});
+      if (first_lo == 0) body = b_.Opt(body);
+    }
+    return b_.Seq({b_.Literal("["), body, b_.Literal("]")});
+  }
+
+  Result<Expr> Ref(const Json& ref, const std::string& path, int depth) {
+    if (!ref.is_string()) return InvalidArgument(path + ": expected a string");
+    const std::string r = ref.get<std::string>();
+    if (auto it = refs_.find(r); it != refs_.end()) return b_.Ref(it->second);
+    const Json* target = nullptr;
+    if (r == "#") {
+      target = &root_;
+    } else {
+      for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+        const std::string p = prefix;
+        if (r.rfind(p, 0) != 0) continue;
+        const std::string container = p.substr(2, p.size() - 3);
+        const std::string name = r.substr(p.size());
+        if (root_.is_object() && root_.contains(container) && root_[container].is_object() &&
+            root_[container].contains(name))
+          target = &root_[container][name];
+      }
+    }
+    if (target == nullptr)
+      return InvalidArgument(path + ": only references to \"#\", \"#/$defs/NAME\" or \"#/definitions/NAME\" "
+                                    "within the schema are supported; \"" +
+                             r + "\" is not found");
+    const uint32_t rule = b_.DeclareRule();
+    refs_[r] = rule;  // before compiling the target, so that recursion refers back to the rule
+    Result<Expr> e = Value(*target, path + "(" + r + ")", depth + 1);
+    if (!e.ok()) return e;
+    b_.DefineRule(rule, *e);
+    return b_.Ref(rule);
+  }
+
+  GrammarBuilder& b_;
+  const Json& root_;
+  JsonGrammarOptions opts_;
+  std::optional<uint32_t> any_value_, any_object_, string_, number_, integer_;
+  std::map<std::string, uint32_t> refs_;
+};
+
+}  // namespace
+
+Result<GrammarBuilder::Expr> JsonSchemaExpr(GrammarBuilder& b, const nlohmann::ordered_json& schema,
+                                            const JsonGrammarOptions& opts) {
+  Compiler c(b, schema, opts);
+  return c.Value(schema, "$", 0);
+}
+
+GrammarBuilder::Expr JsonAnyValue(GrammarBuilder& b) {
+  Compiler c(b, nlohmann::ordered_json(), {});
+  return c.AnyValue();
+}
+
+GrammarBuilder::Expr JsonAnyObject(GrammarBuilder& b) {
+  Compiler c(b, nlohmann::ordered_json(), {});
+  return c.AnyObject();
+}
+
+}  // namespace mr

@@ -1,0 +1,162 @@
+#include "server/output_constraint.h"
+
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "base/log.h"
+#include "runtime/json_grammar.h"
+
+namespace mr::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Expr = GrammarBuilder::Expr;
+
+// Compiled grammars by key, least recently used dropped past kCapacity.
+class GrammarCache {
+ public:
+  static GrammarCache& Get() {
+    static GrammarCache c;
+    return c;
+  }
+  std::shared_ptr<const Grammar> Find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second.second);
+    return it->second.first;
+  }
+  void Put(const std::string& key, std::shared_ptr<const Grammar> g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.count(key)) return;
+    order_.push_front(key);
+    map_[key] = {std::move(g), order_.begin()};
+    while (map_.size() > kCapacity) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+
+ private:
+  static constexpr size_t kCapacity = 32;
+  std::mutex mu_;
+  std::list<std::string> order_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<const Grammar>, std::list<std::string>::iterator>> map_;
+};
+
+// One tool's `NAME", "arguments": ARGS}` (what follows the name prefix).
+Result<Expr> ToolBody(GrammarBuilder& b, const ToolCallMarkup& m, const ChatTool& t, size_t index, bool forced) {
+  Result<Expr> args = JsonSchemaExpr(b, t.parameters, {t.strict});
+  if (!args.ok()) {
+    if (t.strict || forced)
+      return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + t.name + "\") input_schema: " +
+                             args.status().message());
+    MR_LOGD("server", "tool \"%s\": %s; its arguments are constrained to any JSON object", t.name.c_str(),
+            args.status().message().c_str());
+    args = JsonAnyObject(b);
+  }
+  return b.Seq({b.Literal(t.name + m.arguments_prefix), *args, b.Literal(m.end)});
+}
+
+// The calls of `tools` from after the name prefix to the end of the object: one of
+// `NAME", "arguments": ARGS}`.
+Result<Expr> Calls(GrammarBuilder& b, const ToolCallMarkup& m, const std::vector<ChatTool>& tools, bool forced) {
+  std::vector<Expr> options;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    Result<Expr> e = ToolBody(b, m, tools[i], i, forced);
+    if (!e.ok()) return e;
+    options.push_back(*e);
+  }
+  return b.Alt(options);
+}
+
+// A whole tagged call: OPEN \n? {"name": "CALL \n? CLOSE.
+Expr TaggedCall(GrammarBuilder& b, const ToolCallMarkup& m, const Expr& calls) {
+  return b.Seq({b.Literal(m.open), b.Opt(b.Literal("\n")), b.Literal(m.name_prefix), calls, b.Opt(b.Literal("\n")),
+                b.Literal(m.close)});
+}
+
+std::string CacheKey(const ConstraintRequest& r) {
+  Json k = Json::object();
+  k["family"] = static_cast<int>(r.family);
+  k["choice"] = static_cast<int>(r.tool_choice);
+  k["forced"] = r.forced_tool;
+  k["format"] = static_cast<int>(r.format);
+  k["schema"] = r.schema;
+  k["reasoning"] = r.reasoning;
+  Json tools = Json::array();
+  for (const ChatTool& t : r.tools) tools.push_back({t.name, t.strict, t.parameters});
+  k["tools"] = std::move(tools);
+  return k.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace
+
+Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintRequest& req,
+                                                               std::shared_ptr<const TokenMasker> masker) {
+  const bool tools = !req.tools.empty() && req.tool_choice != ToolChoice::kNone;
+  const bool structured = req.format != OutputFormat::kText;
+  if (!tools && !structured) return std::shared_ptr<TokenConstraint>();
+  const ToolCallMarkup& m = ToolCallMarkupFor(req.family);
+  TokenConstraint::Options opts;
+  const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
+  if (!forced && !structured) {
+    // auto: lazy, for every call the model opens, tagged or in a fence.
+    opts.triggers = {m.open, m.fence_open + m.name_prefix};
+    opts.repeat = true;
+  } else if (structured && !forced && req.reasoning) {
+    opts.triggers = {"</think>"};  // the structured answer follows the reasoning
+  }
+  const std::string key = CacheKey(req);
+  std::shared_ptr<const Grammar> g = GrammarCache::Get().Find(key);
+  if (g == nullptr) {
+    GrammarBuilder b;
+    Expr root;
+    if (forced && req.tool_choice == ToolChoice::kTool) {
+      // The prompt ends with `OPEN\n{"name": "NAME", "arguments": `.
+      const ChatTool* tool = nullptr;
+      size_t index = 0;
+      for (size_t i = 0; i < req.tools.size(); ++i)
+        if (req.tools[i].name == req.forced_tool) tool = &req.tools[index = i];
+      if (tool == nullptr) return InvalidArgument("tool_choice: no tool named \"" + req.forced_tool + "\"");
+      Result<Expr> args = JsonSchemaExpr(b, tool->parameters, {tool->strict});
+      if (!args.ok())
+        return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + tool->name +
+                               "\") input_schema: " + args.status().message());
+      root = b.Seq({*args, b.Literal(m.end), b.Opt(b.Literal("\n")), b.Literal(m.close)});
+    } else if (forced) {
+      // The prompt ends with `OPEN\n{"name": "`.
+      Result<Expr> calls = Calls(b, m, req.tools, /*forced=*/true);
+      if (!calls.ok()) return calls.status();
+      root = b.Seq({*calls, b.Opt(b.Literal("\n")), b.Literal(m.close)});
+    } else {
+      std::optional<Expr> tagged;
+      if (tools) {
+        Result<Expr> calls = Calls(b, m, req.tools, /*forced=*/false);
+        if (!calls.ok()) return calls.status();
+        tagged = TaggedCall(b, m, *calls);
+        if (!structured) {
+          const Expr fenced = b.Seq({b.Literal(m.fence_open + m.name_prefix), *calls, b.Opt(b.Literal("\n")),
+                                     b.Literal(m.fence_close)});
+          root = b.Alt({*tagged, fenced});
+        }
+      }
+      if (structured) {
+        Result<Expr> answer = req.format == OutputFormat::kJsonObject
+                                  ? Result<Expr>(JsonAnyObject(b))
+                                  : JsonSchemaExpr(b, req.schema, {/*strict=*/true});
+        if (!answer.ok()) return InvalidArgument("output format schema: " + answer.status().message());
+        const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
+        root = b.Seq({ws, *answer});
+        if (req.reasoning) root = b.Seq({b.Literal("</think>"), root});
+        if (tagged && !req.reasoning) root = b.Alt({root, *tagged});  // or a tool call instead
+      }
+    }
+    g = b.Build(root);
+    GrammarCache::Get().Put(key, g);
+  }
+  return std::make_shared<TokenConstraint>(std::move(g), std::move(masker), std::move(opts));
+}
+
+}  // namespace mr::server
