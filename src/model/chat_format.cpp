@@ -166,7 +166,13 @@ void ToolCall(const ChatToolCall& call, Prompt* p) {
 }
 
 // The body of an assistant turn: its text, then its tool calls.
+void Reasoning(const ChatMessage& m, Prompt* p) {
+  if (!m.reasoning.empty()) p->Lit("<think>\n").Content(m.reasoning).Lit("\n</think>\n\n");
+}
+
+// Reasoning, text, then the calls one per line (as the model writes them after </think>).
 void AssistantBody(const ChatMessage& m, Prompt* p) {
+  Reasoning(m, p);
   p->Content(m.content);
   for (size_t i = 0; i < m.tool_calls.size(); ++i) {
     if (!m.content.empty() || i > 0) p->Lit("\n");
@@ -275,7 +281,10 @@ RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const s
           if (i + 1 == n || messages[i + 1].role != "tool") out.Lit("<|im_end|>\n");
           continue;
         }
-        if (m.role == "assistant" && !m.tool_calls.empty()) {
+        if (m.role == "assistant" && !m.reasoning.empty()) {
+          out.Lit("<|im_start|>assistant\n");
+          AssistantBody(m, &out);
+        } else if (m.role == "assistant" && !m.tool_calls.empty()) {
           out.Lit("<|im_start|>assistant");
           if (!m.content.empty()) out.Lit("\n").Content(m.content);
           for (const ChatToolCall& c : m.tool_calls) {

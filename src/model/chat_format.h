@@ -35,6 +35,9 @@ struct ChatMessage {
   std::string content;
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::string tool_call_id;              // tool
+  // assistant: reasoning rendered before the answer as `<think>\nTEXT\n</think>\n\n` (what the
+  // model wrote under prompted reasoning); empty: none.
+  std::string reasoning;
 };
 
 struct ChatTool {

@@ -141,18 +141,18 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
     if (!m.contains("content")) return InvalidRequest(where + ".content: field required");
     const Json& c = m["content"];
     if (role == "system") {
-      ChatMessage sys{"system", "", {}, {}};
+      ChatMessage sys{"system", "", {}, {}, {}};
       std::vector<CacheMark> marks;
       if (auto e = SystemText(c, where + ".content", &sys.content, &marks)) return e;
       for (const CacheMark& mk : marks) {
         CacheCut cut{out->size(), std::nullopt, SIZE_MAX, mk.one_hour};
-        if (mk.len > 0) cut.partial = ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}};
+        if (mk.len > 0) cut.partial = ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}, {}};
         cuts->push_back(std::move(cut));
       }
       if (!sys.content.empty()) out->push_back(std::move(sys));  // Claude Code sends empty ones
       continue;
     }
-    ChatMessage msg{role, "", {}, {}};
+    ChatMessage msg{role, "", {}, {}, {}};
     if (c.is_string()) {
       msg.content = c.get<std::string>();
       out->push_back(std::move(msg));
@@ -191,7 +191,7 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
       } else if (type == "tool_result" && role == "user") {
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
           return InvalidRequest(w + ".tool_use_id: field required");
-        ChatMessage tool{"tool", "", {}, b["tool_use_id"].get<std::string>()};
+        ChatMessage tool{"tool", "", {}, b["tool_use_id"].get<std::string>(), {}};
         std::vector<CacheMark> marks;
         if (b.contains("content"))
           if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content, &marks)) return e;
@@ -227,7 +227,8 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
           return InvalidRequest(w +
                                 ".signature: invalid signature for this thinking block (altered, or signed by "
                                 "another server or an earlier run); send it back unchanged or drop it");
-        // Earlier reasoning is not replayed into the prompt (as Qwen's reasoning templates do).
+        // Kept with the message; PrepareChat replays only the current tool loop's reasoning.
+        AppendPara(&msg.reasoning, text);
       } else if (type == "redacted_thinking" && role == "assistant") {
         // Accepted and dropped: this server never produces one, so there is nothing to decode.
       } else if (type == "search_result" || type == "server_tool_use" || type == "web_search_tool_result" ||
@@ -242,7 +243,8 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         cuts->push_back(std::move(cut));
       }
     }
-    if (!msg.content.empty() || !msg.tool_calls.empty() || out->empty() || out->back().role != "tool")
+    if (!msg.content.empty() || !msg.tool_calls.empty() || !msg.reasoning.empty() || out->empty() ||
+        out->back().role != "tool")
       out->push_back(std::move(msg));
   }
   return std::nullopt;
@@ -253,6 +255,87 @@ int64_t EffortBudget(const std::string& effort) {
   if (effort == "xhigh") return 2048;
   if (effort == "max") return 4096;
   return 0;  // low, medium: answer directly
+}
+
+// {"type": TYPE, "value": N} with TYPE one of `types`; *out = N.
+std::optional<ApiError> TypedCount(const Json& o, const std::string& where, std::initializer_list<const char*> types,
+                                   std::string* type, int64_t* out) {
+  if (!o.is_object() || !o.contains("type") || !o["type"].is_string())
+    return InvalidRequest(where + ": expected an object with a \"type\"");
+  *type = o["type"].get<std::string>();
+  bool known = false;
+  for (const char* t : types) known |= *type == t;
+  if (!known) return InvalidRequest(where + ".type: unsupported value \"" + *type + "\"");
+  if (*type == "all") return std::nullopt;
+  if (!o.contains("value") || !o["value"].is_number_integer() || o["value"].get<int64_t>() < 0)
+    return InvalidRequest(where + ".value: expected an integer >= 0");
+  *out = o["value"].get<int64_t>();
+  return std::nullopt;
+}
+
+// context_management.edits: clear_tool_uses_20250919 and clear_thinking_20251015.
+std::optional<ApiError> ParseContextEdits(const Json& cm, std::vector<ContextEdit>* edits) {
+  if (!cm.contains("edits") || cm["edits"].is_null()) return std::nullopt;
+  if (!cm["edits"].is_array())
+    return InvalidRequest("context_management.edits: expected an array, got " + JsonTypeName(cm["edits"]));
+  if (auto e = CheckCount(cm["edits"].size(), 8, "context_management.edits")) return e;
+  for (size_t i = 0; i < cm["edits"].size(); ++i) {
+    const Json& e = cm["edits"][i];
+    const std::string w = "context_management.edits[" + std::to_string(i) + "]";
+    if (!e.is_object() || !e.contains("type") || !e["type"].is_string())
+      return InvalidRequest(w + ": expected an object with a \"type\"");
+    ContextEdit edit;
+    const std::string type = e["type"].get<std::string>();
+    std::string t;
+    if (type == "clear_tool_uses_20250919") {
+      edit.kind = ContextEdit::Kind::kClearToolUses;
+      if (e.contains("trigger") && !e["trigger"].is_null()) {
+        if (auto err = TypedCount(e["trigger"], w + ".trigger", {"input_tokens", "tool_uses"}, &t, &edit.trigger_value))
+          return err;
+        edit.trigger_on_tool_uses = t == "tool_uses";
+      }
+      if (e.contains("keep") && !e["keep"].is_null())
+        if (auto err = TypedCount(e["keep"], w + ".keep", {"tool_uses"}, &t, &edit.keep)) return err;
+      if (e.contains("clear_at_least") && !e["clear_at_least"].is_null())
+        if (auto err = TypedCount(e["clear_at_least"], w + ".clear_at_least", {"input_tokens"}, &t, &edit.clear_at_least))
+          return err;
+      if (e.contains("exclude_tools") && !e["exclude_tools"].is_null()) {
+        if (!e["exclude_tools"].is_array()) return InvalidRequest(w + ".exclude_tools: expected an array of names");
+        for (const Json& n : e["exclude_tools"]) {
+          if (!n.is_string()) return InvalidRequest(w + ".exclude_tools: expected an array of names");
+          edit.exclude_tools.push_back(n.get<std::string>());
+        }
+      }
+      if (e.contains("clear_tool_inputs") && !e["clear_tool_inputs"].is_null()) {
+        const Json& c = e["clear_tool_inputs"];
+        if (c.is_boolean()) {
+          edit.clear_all_inputs = c.get<bool>();
+        } else if (c.is_array()) {
+          for (const Json& n : c) {
+            if (!n.is_string()) return InvalidRequest(w + ".clear_tool_inputs: expected a boolean or tool names");
+            edit.clear_inputs_of.push_back(n.get<std::string>());
+          }
+        } else {
+          return InvalidRequest(w + ".clear_tool_inputs: expected a boolean or tool names");
+        }
+      }
+    } else if (type == "clear_thinking_20251015") {
+      edit.kind = ContextEdit::Kind::kClearThinking;
+      edit.keep = 1;
+      if (e.contains("keep") && !e["keep"].is_null()) {
+        if (e["keep"].is_string() && e["keep"] == "all") {
+          edit.keep = -1;
+        } else {
+          if (auto err = TypedCount(e["keep"], w + ".keep", {"thinking_turns", "all"}, &t, &edit.keep)) return err;
+          if (t == "all") edit.keep = -1;
+        }
+      }
+    } else {
+      return InvalidRequest(w + ".type: expected \"clear_tool_uses_20250919\" or \"clear_thinking_20251015\"");
+    }
+    edits->push_back(std::move(edit));
+  }
+  return std::nullopt;
 }
 
 // Structured outputs: {"type": "json_schema", "schema": {...}} (decoded under the schema).
@@ -294,11 +377,11 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   std::vector<CacheCut> tool_cuts, system_cuts, message_cuts;
   const bool has_system = body.contains("system") && !body["system"].is_null();
   if (has_system) {
-    ChatMessage sys{"system", "", {}, {}};
+    ChatMessage sys{"system", "", {}, {}, {}};
     std::vector<CacheMark> marks;
     if (auto e = SystemText(body["system"], "system", &sys.content, &marks)) return e;
     for (const CacheMark& mk : marks)
-      system_cuts.push_back({0, ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}}, SIZE_MAX, mk.one_hour});
+      system_cuts.push_back({0, ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}, {}}, SIZE_MAX, mk.one_hour});
     req->messages.push_back(std::move(sys));
   }
   if (auto e = ParseMessages(body["messages"], sm, &req->messages, &message_cuts)) return e;
@@ -474,10 +557,10 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   }
   const Json* context_management = nullptr;
   if (auto e = OptObject(body, "context_management", "", &context_management)) return e;
-  if (context_management != nullptr && context_management->contains("edits") &&
-      !(*context_management)["edits"].is_array())
-    return InvalidRequest("context_management.edits: expected an array, got " +
-                          JsonTypeName((*context_management)["edits"]));
+  if (context_management != nullptr) {
+    req->context_management = true;
+    if (auto e = ParseContextEdits(*context_management, &req->context_edits)) return e;
+  }
   std::string service_tier;
   if (auto e = OptString(body, "service_tier", "", &service_tier)) return e;
   if (body.contains("mcp_servers") && body["mcp_servers"].is_array() && !body["mcp_servers"].empty())
@@ -591,9 +674,11 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
           break;
       }
       if (ev.finish == FinishReason::kStopSequence) stop_sequence_ = ev.stop_sequence;
-      out += Sse("message_delta", {{"type", "message_delta"},
-                                   {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
-                                   {"usage", Usage()}});
+      Json delta = {{"type", "message_delta"},
+                    {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
+                    {"usage", Usage()}};
+      if (!opts_.context_management.is_null()) delta["context_management"] = opts_.context_management;
+      out += Sse("message_delta", delta);
       out += Sse("message_stop", {{"type", "message_stop"}});
       break;
     }
@@ -614,6 +699,7 @@ Json AnthropicWriter::Message() const {
               {"stop_reason", stop_reason_.empty() ? Json() : Json(stop_reason_)},
               {"stop_sequence", stop_sequence_},
               {"usage", Usage()}};
+  if (!opts_.context_management.is_null()) msg["context_management"] = opts_.context_management;
   return msg;
 }
 

@@ -15,6 +15,8 @@ struct AnthropicOptions {
   bool stream = false;
   std::string model;              // echoed in responses (any id maps to the served model)
   bool thinking_omitted = false;  // thinking.display == "omitted": blocks carry no text
+  // The response's context_management ({"applied_edits": [...]}), when the request had one.
+  nlohmann::ordered_json context_management;
 };
 
 // Parses a POST /v1/messages body (count_only: /v1/messages/count_tokens, where max_tokens is

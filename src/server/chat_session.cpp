@@ -1,6 +1,7 @@
 #include "server/chat_session.h"
 
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include "base/log.h"
@@ -75,7 +76,7 @@ RenderedChat RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const
   // message it would not be rendered at all.
   if (sm.family == ChatFamily::kGemma &&
       std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role != "system"; }))
-    msgs.push_back({"user", "", {}, {}});
+    msgs.push_back({"user", "", {}, {}, {}});
   RenderedChat r = RenderChatSpans(sm.family, sm.model->file(), msgs, opts);
   std::string& text = r.text;
   // What RenderChat appends to open the assistant turn (scaffolding: no literal span in it).
@@ -145,6 +146,111 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
   return merged;
 }
 
+namespace {
+
+// Anthropic's rule for reasoning: only the current tool loop's (the assistant turns after the
+// last user turn) is replayed into the prompt; earlier turns' is dropped.
+void DropEarlierReasoning(std::vector<ChatMessage>* msgs) {
+  size_t last_user = SIZE_MAX;
+  for (size_t i = 0; i < msgs->size(); ++i)
+    if ((*msgs)[i].role == "user") last_user = i;
+  if (last_user == SIZE_MAX) return;
+  for (size_t i = 0; i < last_user; ++i) (*msgs)[i].reasoning.clear();
+}
+
+// Prompt bytes beyond which nothing is tokenized (see PrepareChat).
+size_t MaxPromptBytes(const ServedModel& sm) {
+  return static_cast<size_t>(std::max<int64_t>(sm.n_ctx, 1)) * 16;
+}
+
+int64_t PromptTokens(const ServedModel& sm, const ChatRequest& req) {
+  ChatRequest r = req;
+  DropEarlierReasoning(&r.messages);
+  const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), r.messages, r.render);
+  if (rendered.text.size() > MaxPromptBytes(sm)) return INT64_MAX / 4;  // refused later, not tokenized
+  return static_cast<int64_t>(EncodePrompt(sm, rendered, 0, /*add_special=*/true).size());
+}
+
+// Applies req->context_edits in order; returns the response's context_management object.
+nlohmann::ordered_json ApplyContextEdits(const ServedModel& sm, ChatRequest* req) {
+  using Json = nlohmann::ordered_json;
+  const int64_t original = PromptTokens(sm, *req);
+  int64_t current = original;
+  Json applied = Json::array();
+  for (const ContextEdit& e : req->context_edits) {
+    std::vector<ChatMessage> before = req->messages;
+    if (e.kind == ContextEdit::Kind::kClearThinking) {
+      std::vector<size_t> turns;
+      for (size_t i = 0; i < req->messages.size(); ++i)
+        if (req->messages[i].role == "assistant" && !req->messages[i].reasoning.empty()) turns.push_back(i);
+      const size_t keep = e.keep < 0 ? turns.size() : std::min(turns.size(), static_cast<size_t>(e.keep));
+      const size_t n_clear = turns.size() - keep;
+      if (n_clear == 0) continue;
+      for (size_t k = 0; k < n_clear; ++k) req->messages[turns[k]].reasoning.clear();
+      const int64_t now = PromptTokens(sm, *req);
+      applied.push_back({{"type", "clear_thinking_20251015"},
+                         {"cleared_thinking_turns", n_clear},
+                         {"cleared_input_tokens", std::max<int64_t>(0, current - now)}});
+      current = now;
+      continue;
+    }
+    // clear_tool_uses: every call, oldest first, with the message holding its result.
+    struct Use {
+      size_t msg, call;
+      std::string name;
+      size_t result = SIZE_MAX;
+    };
+    std::vector<Use> uses;
+    std::map<std::string, size_t> by_id;
+    for (size_t i = 0; i < req->messages.size(); ++i) {
+      const ChatMessage& m = req->messages[i];
+      if (m.role == "assistant") {
+        for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+          if (!m.tool_calls[c].id.empty()) by_id[m.tool_calls[c].id] = uses.size();
+          uses.push_back({i, c, m.tool_calls[c].name});
+        }
+      } else if (m.role == "tool") {
+        auto it = by_id.find(m.tool_call_id);
+        if (it != by_id.end()) uses[it->second].result = i;
+      }
+    }
+    const bool triggered = e.trigger_on_tool_uses ? static_cast<int64_t>(uses.size()) > e.trigger_value
+                                                  : current > e.trigger_value;
+    if (!triggered) continue;
+    const size_t keep = std::min(uses.size(), static_cast<size_t>(std::max<int64_t>(e.keep, 0)));
+    int64_t n_cleared = 0;
+    for (size_t u = 0; u + keep < uses.size(); ++u) {
+      const Use& use = uses[u];
+      if (std::find(e.exclude_tools.begin(), e.exclude_tools.end(), use.name) != e.exclude_tools.end()) continue;
+      bool cleared = false;
+      if (use.result != SIZE_MAX && req->messages[use.result].content != kClearedToolResult) {
+        req->messages[use.result].content = kClearedToolResult;
+        cleared = true;
+      }
+      const bool inputs = e.clear_all_inputs || std::find(e.clear_inputs_of.begin(), e.clear_inputs_of.end(),
+                                                          use.name) != e.clear_inputs_of.end();
+      ChatToolCall& call = req->messages[use.msg].tool_calls[use.call];
+      if (inputs && !call.arguments.empty()) {
+        call.arguments = Json::object();
+        cleared = true;
+      }
+      n_cleared += cleared ? 1 : 0;
+    }
+    const int64_t now = n_cleared > 0 ? PromptTokens(sm, *req) : current;
+    if (n_cleared == 0 || current - now < e.clear_at_least) {
+      req->messages = std::move(before);  // not worth it: the prompt (and its cache) stays
+      continue;
+    }
+    applied.push_back({{"type", "clear_tool_uses_20250919"},
+                       {"cleared_tool_uses", n_cleared},
+                       {"cleared_input_tokens", std::max<int64_t>(0, current - now)}});
+    current = now;
+  }
+  return Json{{"applied_edits", std::move(applied)}, {"original_input_tokens", original}};
+}
+
+}  // namespace
+
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
   // Structured outputs: the model is told the schema too (the grammar makes the answer valid;
   // knowing the keys and types lets the model fill them instead of rambling into a string).
@@ -163,12 +269,14 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
       forced ? ForcedToolCallPrefix(sm.family, req.tool_choice == ToolChoice::kTool ? req.forced_tool : "") : "";
   if (forced) req.single_tool_call = true;
   req.render.assistant_prefix += tool_call_prefill;
+  if (req.context_management) out->context_management = ApplyContextEdits(sm, &req);
+  DropEarlierReasoning(&req.messages);
   const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), req.messages, req.render);
   MR_LOGD("server", "prompt:\n%s", rendered.text.c_str());
   // Work bounded before tokenization: no real prompt averages more than 16 bytes per token, so
   // a longer text cannot fit the context and is not worth tokenizing (an 8 MB "word" would
   // take gigabytes in BPE).
-  const size_t max_bytes = static_cast<size_t>(std::max<int64_t>(sm.n_ctx, 1)) * 16;
+  const size_t max_bytes = MaxPromptBytes(sm);
   if (rendered.text.size() > max_bytes)
     return InvalidRequest("prompt is too long: " + std::to_string(rendered.text.size()) +
                           " bytes of text cannot fit a " + std::to_string(sm.n_ctx) + "-token context");

@@ -42,6 +42,26 @@ struct CacheCut {
   bool one_hour = false;               // ttl "1h"
 };
 
+// One context_management edit (Anthropic's context editing), applied by PrepareChat before the
+// prompt is rendered.
+struct ContextEdit {
+  enum class Kind { kClearToolUses, kClearThinking };
+  Kind kind = Kind::kClearToolUses;
+  // clear_tool_uses_20250919: when the prompt has more than trigger_value input tokens (or tool
+  // uses), the results of all but the `keep` most recent tool uses are replaced by a placeholder
+  // (their inputs too when asked), unless fewer than clear_at_least tokens would go.
+  int64_t trigger_value = 100000;
+  bool trigger_on_tool_uses = false;
+  int64_t keep = 3;  // clear_thinking_20251015: assistant turns whose reasoning stays; -1: all
+  int64_t clear_at_least = 0;
+  std::vector<std::string> exclude_tools;
+  bool clear_all_inputs = false;
+  std::vector<std::string> clear_inputs_of;
+};
+
+// What replaces a cleared tool result.
+inline constexpr const char* kClearedToolResult = "[tool result cleared to save context]";
+
 struct ChatRequest {
   std::vector<ChatMessage> messages;
   std::vector<CacheCut> cache_cuts;  // in request order (tools, system, messages); at most 4
@@ -59,6 +79,8 @@ struct ChatRequest {
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
   int64_t thinking_budget = 0;  // > 0: prompted reasoning of at most this many tokens
+  bool context_management = false;  // the request had context_management (the response reports it)
+  std::vector<ContextEdit> context_edits;
 };
 
 // What the served model is, as the API layers need it.
@@ -91,6 +113,9 @@ struct PreparedChat {
   int64_t thinking_budget = 0;
   bool single_tool_call = false;
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
+  // With context_management: {"applied_edits": [...]} (and original_input_tokens, which
+  // count_tokens reports); null otherwise.
+  nlohmann::ordered_json context_management;
 };
 
 // The request truncated right after `cut`'s block, rendered without its generation prompt.

@@ -305,9 +305,14 @@ struct HttpServer::Impl {
     if (auto e = PrepareChat(sm, std::move(chat), &prepared, !count_only)) return SetError(res, Api::kAnthropic, *e);
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
     if (count_only) {
-      res.SetContent(Json({{"input_tokens", n_prompt}}).dump(), "application/json");
+      Json r = {{"input_tokens", n_prompt}};
+      if (!prepared.context_management.is_null())
+        r["context_management"] = {{"original_input_tokens", prepared.context_management["original_input_tokens"]}};
+      res.SetContent(r.dump(), "application/json");
       return;
     }
+    if (!prepared.context_management.is_null())
+      aopts.context_management = {{"applied_edits", prepared.context_management["applied_edits"]}};
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kAnthropic, req, std::move(prepared), p.get())) return;
     count->job = p->job;

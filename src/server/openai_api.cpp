@@ -62,7 +62,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant" && role != "tool")
       return InvalidRequest(where + ".role: unsupported role \"" + role + "\"");
-    ChatMessage msg{role, "", {}, {}};
+    ChatMessage msg{role, "", {}, {}, {}};
     if (m.contains("content"))
       if (auto e = ContentText(m["content"], sm, where + ".content", &msg.content)) return e;
     if (role == "tool")
