@@ -28,6 +28,7 @@ APT_NEEDS=(
   "clang-format-14:clang-format-14"
   "libcli11-dev:/usr/include/CLI/CLI.hpp"
   "pkg-config:pkg-config"
+  "libre2-dev:/usr/include/re2/re2.h"
   "python3:python3"
   # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh in CI)
   "clang-14:clang++-14"

@@ -254,7 +254,7 @@ int CmdQualifySpeed(const Args& args) {
     for (Workload& w : workloads) {
       const std::string text = family == ChatFamily::kNone
                                    ? w.text
-                                   : RenderChat(family, model->file(), {ChatMessage{"user", w.text, {}, {}}});
+                                   : RenderChat(family, model->file(), {ChatMessage{"user", w.text, {}, {}, {}}});
       w.prompt = tok.Encode(text, true, family != ChatFamily::kNone);
       n_ctx = std::max<int64_t>(n_ctx, static_cast<int64_t>(w.prompt.size()) + w.max_tokens + 8);
     }

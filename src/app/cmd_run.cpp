@@ -33,8 +33,9 @@ int CmdRun(const Args& args) {
   if (!model) return 1;
   const Tokenizer& tok = model->tokenizer();
   const ChatFamily family = raw ? ChatFamily::kNone : DetectChatFamily(model->file());
-  const std::string text =
-      family == ChatFamily::kNone ? prompt : RenderChat(family, model->file(), {ChatMessage{"user", prompt, {}, {}}});
+  const std::string text = family == ChatFamily::kNone
+                               ? prompt
+                               : RenderChat(family, model->file(), {ChatMessage{"user", prompt, {}, {}, {}}});
   std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/true, /*parse_special=*/family != ChatFamily::kNone);
   const int64_t n_ctx =
       n_ctx_arg > 0 ? n_ctx_arg

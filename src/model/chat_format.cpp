@@ -142,16 +142,7 @@ void ToolsSection(const std::vector<ChatTool>& tools, Prompt* p) {
   p->Lit(
       "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
-  for (const ChatTool& t : tools) {
-    nlohmann::ordered_json fn = nlohmann::ordered_json::object();
-    fn["name"] = t.name;
-    if (!t.description.empty()) fn["description"] = t.description;
-    fn["parameters"] = t.parameters;
-    nlohmann::ordered_json wrapped = nlohmann::ordered_json::object();
-    wrapped["type"] = "function";
-    wrapped["function"] = std::move(fn);
-    p->Lit("\n").Content(PyJsonDumps(wrapped));
-  }
+  for (const ChatTool& t : tools) p->Lit("\n").Content(ToolDefinitionJson(t));
   p->Lit(
       "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
@@ -212,6 +203,31 @@ std::string PyJsonDumps(const nlohmann::ordered_json& v) {
   std::string out;
   PyDump(v, &out);
   return out;
+}
+
+std::string ToolDefinitionJson(const ChatTool& t) {
+  nlohmann::ordered_json fn = nlohmann::ordered_json::object();
+  fn["name"] = t.name;
+  if (!t.description.empty()) fn["description"] = t.description;
+  fn["parameters"] = t.parameters;
+  nlohmann::ordered_json wrapped = nlohmann::ordered_json::object();
+  wrapped["type"] = "function";
+  wrapped["function"] = std::move(fn);
+  return PyJsonDumps(wrapped);
+}
+
+RenderedChat ToolResultTurn(ChatFamily family, const std::string& result) {
+  Prompt p;
+  if (family == ChatFamily::kGemma) {
+    p.Lit("<end_of_turn>\n<start_of_turn>user\n");
+    ToolResponse(ChatMessage{"tool", result, {}, {}, {}}, &p);
+    p.Lit("<end_of_turn>\n<start_of_turn>model\n");
+  } else {
+    p.Lit("<|im_end|>\n<|im_start|>user\n");
+    ToolResponse(ChatMessage{"tool", result, {}, {}, {}}, &p);
+    p.Lit("<|im_end|>\n<|im_start|>assistant\n");
+  }
+  return p.Take();
 }
 
 const ToolCallMarkup& ToolCallMarkupFor(ChatFamily /*family*/) {

@@ -96,6 +96,15 @@ RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const s
 // JSON as Python's json.dumps(ensure_ascii=False) writes it (what templates' `tojson` gives).
 std::string PyJsonDumps(const nlohmann::ordered_json& v);
 
+// One tool as the tools section lists it: {"type": "function", "function": {name, description,
+// parameters}} (Python json.dumps form).
+std::string ToolDefinitionJson(const ChatTool& tool);
+
+// The text that follows a completed tool call when a tool's result comes back within the same
+// generation (a server-run tool): the assistant turn ends, the result comes as the tool's
+// response turn, and the next assistant turn opens (what RenderChat gives for the same history).
+RenderedChat ToolResultTurn(ChatFamily family, const std::string& result);
+
 // The assistant-turn prefix that forces a call: the call opened up to the name (`name` empty:
 // any tool) or up to the arguments of `name`.
 std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name);

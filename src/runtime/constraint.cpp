@@ -11,6 +11,7 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const Grammar> grammar, std::sh
                                  Options opts)
     : grammar_(std::move(grammar)), masker_(std::move(masker)), opts_(std::move(opts)) {
   for (const std::string& t : opts_.triggers) max_trigger_ = std::max(max_trigger_, t.size());
+  max_trigger_ = std::max<size_t>(max_trigger_, 1);
   if (!lazy()) {
     state_ = grammar_->Start();
     mode_ = Mode::kActive;
@@ -50,6 +51,31 @@ void TokenConstraint::Free() {
 }
 
 void TokenConstraint::Watch(std::string_view piece) {
+  if (at_start_ && !opts_.start_triggers.empty()) {
+    start_text_.append(piece);
+    const size_t first = start_text_.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos) {
+      const std::string_view rest = std::string_view(start_text_).substr(first);
+      bool undecided = false;
+      for (const std::string& t : opts_.start_triggers) {
+        if (rest.substr(0, t.size()) == t) {
+          const std::string text(rest);
+          at_start_ = false;
+          start_text_.clear();
+          window_.clear();
+          state_ = grammar_->Start();
+          mode_ = Mode::kActive;
+          Feed(text);
+          return;
+        }
+        undecided |= t.substr(0, rest.size()) == rest;
+      }
+      if (!undecided) {
+        at_start_ = false;
+        start_text_.clear();
+      }
+    }
+  }
   const std::string text = window_ + std::string(piece);
   size_t at = std::string::npos;
   for (const std::string& t : opts_.triggers) at = std::min(at, text.find(t));
@@ -71,6 +97,8 @@ void TokenConstraint::Complete(std::string_view rest) {
   }
   mode_ = Mode::kFree;
   window_.clear();
+  at_start_ = true;  // a bare call may follow a call
+  start_text_.clear();
   if (!rest.empty()) Watch(rest);
 }
 

@@ -28,7 +28,10 @@ class TokenConstraint {
  public:
   struct Options {
     std::vector<std::string> triggers;  // empty: active from the start; else the grammar starts with one
-    bool repeat = false;                // lazy only: after the grammar completes, wait for a trigger again
+    // Triggers that count only at the start of the output (after whitespace), or right after a
+    // completed grammar (e.g. a bare JSON call object where a small model drops the tags).
+    std::vector<std::string> start_triggers;
+    bool repeat = false;  // lazy only: after the grammar completes, wait for a trigger again
   };
   TokenConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenMasker> masker, Options opts);
 
@@ -41,6 +44,8 @@ class TokenConstraint {
   bool Allows(TokenId t) const;
   // Records an emitted (or injected) token.
   void Accept(TokenId t);
+  // Turns the constraint off for the rest of the request (what follows is free).
+  void Release() { mode_ = Mode::kOff; }
   const GrammarState& state() const { return state_; }
   const TokenMasker& masker() const { return *masker_; }
 
@@ -50,7 +55,7 @@ class TokenConstraint {
   void Feed(std::string_view bytes);
   void Complete(std::string_view rest);  // the grammar completed; `rest` of the token is free text
   void Free();
-  bool lazy() const { return !opts_.triggers.empty(); }
+  bool lazy() const { return !opts_.triggers.empty() || !opts_.start_triggers.empty(); }
   // kFree: scans window_ + text for a trigger; activates at the first one.
   void Watch(std::string_view text);
 
@@ -61,7 +66,9 @@ class TokenConstraint {
   // kFree: lazy, waiting for the trigger; kActive: the grammar constrains; kDone: complete, only
   // end-of-generation; kOff: the state died, no constraint any more.
   Mode mode_ = Mode::kFree;
-  std::string window_;  // kFree: the last bytes of the text (longest trigger - 1 at most)
+  std::string window_;      // kFree: the last bytes of the text (longest trigger - 1 at most)
+  bool at_start_ = true;    // kFree: only whitespace since the start (or the last completion)
+  std::string start_text_;  // kFree, at_start_: the text so far, whitespace included
   size_t max_trigger_ = 0;
 };
 

@@ -99,6 +99,10 @@ GrammarBuilder::Expr GrammarBuilder::Literal(std::string_view text) {
   return e;
 }
 
+GrammarBuilder::Expr GrammarBuilder::StringChar() {
+  return Bytes(JsonStringAscii());  // SetIndex never returns the free-string loop's index 0
+}
+
 GrammarBuilder::Expr GrammarBuilder::Utf8NonAscii() {
   // Well-formed UTF-8 sequences of 2 to 4 bytes (Unicode's table 3-7).
   const Expr tail = Range(0x80, 0xbf);

@@ -59,6 +59,9 @@ class GrammarBuilder {
   Expr Byte(uint8_t c);
   Expr Range(uint8_t lo, uint8_t hi);
   Expr Literal(std::string_view s);
+  // One ASCII byte allowed unescaped in a JSON string (not the free-string loop's set: for
+  // bounded strings).
+  Expr StringChar();
   // One well-formed UTF-8 character of 2 to 4 bytes.
   Expr Utf8NonAscii();
   // The inside of a JSON string: (unescaped ASCII | escape sequence | UTF-8 character)*. Its

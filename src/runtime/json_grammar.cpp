@@ -15,23 +15,53 @@ using Expr = GrammarBuilder::Expr;
 
 constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxUnrolledItems = 64;
+constexpr int64_t kMaxUnrolledChars = 256;
+
+// Bytes allowed after a backslash in a bounded string (\uXXXX is left to unbounded strings).
+ByteSet Escapable() {
+  ByteSet s;
+  for (char c : std::string_view("\"\\/bfnrt")) s.set(static_cast<uint8_t>(c));
+  return s;
+}
 
 const std::set<std::string>& Annotations() {
-  static const std::set<std::string> k = {"title",    "description", "default",  "examples",  "$schema",
-                                          "$id",      "$comment",    "deprecated", "readOnly", "writeOnly",
-                                          "$defs",    "definitions", "nullable", "type",      "properties",
-                                          "required", "additionalProperties",    "items",     "minItems",
-                                          "maxItems", "enum",        "const",    "anyOf",     "oneOf",
-                                          "allOf",    "$ref",        "strict"};
+  static const std::set<std::string> k = {"title",
+                                          "description",
+                                          "default",
+                                          "examples",
+                                          "$schema",
+                                          "$id",
+                                          "$comment",
+                                          "deprecated",
+                                          "readOnly",
+                                          "writeOnly",
+                                          "$defs",
+                                          "definitions",
+                                          "nullable",
+                                          "type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "strict",
+                                          "minLength",
+                                          "maxLength"};
   return k;
 }
 
 // Value constraints the grammar does not enforce.
 const std::set<std::string>& Unenforced() {
-  static const std::set<std::string> k = {"minimum",   "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                                          "multipleOf", "minLength", "maxLength",      "pattern",
-                                          "format",    "uniqueItems", "minProperties", "maxProperties",
-                                          "contentEncoding", "contentMediaType"};
+  static const std::set<std::string> k = {"minimum",       "maximum",       "exclusiveMinimum", "exclusiveMaximum",
+                                          "multipleOf",    "pattern",       "format",           "uniqueItems",
+                                          "minProperties", "maxProperties", "contentEncoding",  "contentMediaType"};
   return k;
 }
 
@@ -71,10 +101,9 @@ class Compiler {
       any_value_ = value;
       const Expr v = b_.Ref(value);
       const Expr member = b_.Seq({String(), Colon(), v});
-      const Expr object = b_.Seq({b_.Literal("{"), b_.Opt(b_.Seq({member, b_.Star(b_.Seq({Comma(), member}))})),
-                                  b_.Literal("}")});
-      const Expr array =
-          b_.Seq({b_.Literal("["), b_.Opt(b_.Seq({v, b_.Star(b_.Seq({Comma(), v}))})), b_.Literal("]")});
+      const Expr object =
+          b_.Seq({b_.Literal("{"), b_.Opt(b_.Seq({member, b_.Star(b_.Seq({Comma(), member}))})), b_.Literal("}")});
+      const Expr array = b_.Seq({b_.Literal("["), b_.Opt(b_.Seq({v, b_.Star(b_.Seq({Comma(), v}))})), b_.Literal("]")});
       const uint32_t obj = b_.DeclareRule();
       b_.DefineRule(obj, object);
       any_object_ = obj;
@@ -104,8 +133,9 @@ class Compiler {
   Expr Integer() {
     if (!integer_) {
       integer_ = b_.DeclareRule();
-      b_.DefineRule(*integer_, b_.Seq({b_.Opt(b_.Literal("-")), b_.Alt({b_.Literal("0"), b_.Seq({b_.Range('1', '9'),
-                                                                                             b_.Repeat(Digit(), 0, 17)})})}));
+      b_.DefineRule(*integer_,
+                    b_.Seq({b_.Opt(b_.Literal("-")),
+                            b_.Alt({b_.Literal("0"), b_.Seq({b_.Range('1', '9'), b_.Repeat(Digit(), 0, 17)})})}));
     }
     return b_.Ref(*integer_);
   }
@@ -119,8 +149,9 @@ class Compiler {
       ByteSet sign;
       sign.set('+');
       sign.set('-');
-      b_.DefineRule(*number_, b_.Seq({Integer(), b_.Opt(b_.Seq({b_.Literal("."), b_.Repeat(Digit(), 1, 18)})),
-                                      b_.Opt(b_.Seq({b_.Bytes(e), b_.Opt(b_.Bytes(sign)), b_.Repeat(Digit(), 1, 3)}))}));
+      b_.DefineRule(*number_,
+                    b_.Seq({Integer(), b_.Opt(b_.Seq({b_.Literal("."), b_.Repeat(Digit(), 1, 18)})),
+                            b_.Opt(b_.Seq({b_.Bytes(e), b_.Opt(b_.Bytes(sign)), b_.Repeat(Digit(), 1, 3)}))}));
     }
     return b_.Ref(*number_);
   }
@@ -182,7 +213,24 @@ class Compiler {
   }
 
   Result<Expr> Typed(const Json& s, const std::string& t, const std::string& path, int depth) {
-    if (t == "string") return String();
+    if (t == "string") {
+      // Length bounds up to kMaxUnrolledChars are enforced (in characters, an escape counting as
+      // one); beyond that they are a value bound the grammar does not enforce.
+      int64_t lo = 0, hi = -1;
+      if (auto it = s.find("minLength"); it != s.end() && it->is_number_integer()) lo = it->get<int64_t>();
+      if (auto it = s.find("maxLength"); it != s.end() && it->is_number_integer()) hi = it->get<int64_t>();
+      if (lo == 0 && hi < 0) return String();
+      if (lo < 0 || lo > kMaxUnrolledChars || (hi >= 0 && hi < lo) || hi > kMaxUnrolledChars) {
+        if (opts_.strict)
+          return InvalidArgument(path + ".maxLength: length bounds above " + std::to_string(kMaxUnrolledChars) +
+                                 " are not supported in strict mode");
+        return String();
+      }
+      const Expr ch = b_.Alt({b_.StringChar(), b_.Seq({b_.Literal("\\"), b_.Bytes(Escapable())}), b_.Utf8NonAscii()});
+      const Expr body = hi < 0 ? b_.Seq({b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(lo)), b_.Star(ch)})
+                               : b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(hi));
+      return b_.Seq({b_.Literal("\""), body, b_.Literal("\"")});
+    }
     if (t == "number") return Number();
     if (t == "integer") return Integer();
     if (t == "boolean") return b_.Alt({b_.Literal("true"), b_.Literal("false")});
@@ -305,8 +353,9 @@ class Compiler {
       }
     }
     if (target == nullptr)
-      return InvalidArgument(path + ": only references to \"#\", \"#/$defs/NAME\" or \"#/definitions/NAME\" "
-                                    "within the schema are supported; \"" +
+      return InvalidArgument(path +
+                             ": only references to \"#\", \"#/$defs/NAME\" or \"#/definitions/NAME\" "
+                             "within the schema are supported; \"" +
                              r + "\" is not found");
     const uint32_t rule = b_.DeclareRule();
     refs_[r] = rule;  // before compiling the target, so that recursion refers back to the rule

@@ -9,12 +9,13 @@
 //
 // Supported: type (one or a list), properties, required, additionalProperties (false, true or a
 // schema for objects without properties), items, minItems / maxItems (up to 64), enum, const,
+// minLength / maxLength (up to 256 characters; \uXXXX escapes not allowed in bounded strings),
 // anyOf / oneOf (as alternatives), allOf with one member, $ref to "#", "#/$defs/..." or
 // "#/definitions/..." (recursion included), nullable (OpenAPI), and annotations (title,
 // description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly).
 //
 // Value constraints the grammar does not enforce (minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum, multipleOf, minLength, maxLength, pattern, format, uniqueItems,
+// exclusiveMaximum, multipleOf, pattern, format, uniqueItems, length bounds above 256,
 // minProperties, maxProperties): refused in strict mode (structured outputs and strict tools, as
 // Anthropic's API does), ignored otherwise (the structure is still guaranteed). Keywords that
 // change the structure in ways not supported (prefixItems, patternProperties, not, if/then/else,

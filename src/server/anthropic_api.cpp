@@ -1,6 +1,7 @@
 #include "server/anthropic_api.h"
 
 #include <algorithm>
+#include <set>
 
 #include "server/request_fields.h"
 #include "server/signing.h"
@@ -94,9 +95,27 @@ ApiError TextOnly(const ServedModel& sm, const std::string& where) {
                         "' is text-only; remove the image block or describe the image in text");
 }
 
+// The names of a list of tool_reference blocks, each a deferred tool (else 400).
+std::optional<ApiError> ToolReferences(const Json& refs, const std::string& where, const ToolSearchConfig& search,
+                                       std::vector<std::string>* names) {
+  if (!refs.is_array()) return InvalidRequest(where + ": expected an array of tool_reference blocks");
+  for (size_t k = 0; k < refs.size(); ++k) {
+    const Json& r = refs[k];
+    const std::string w = where + "[" + std::to_string(k) + "]";
+    if (BlockType(r) != "tool_reference" || !r.contains("tool_name") || !r["tool_name"].is_string())
+      return InvalidRequest(w + ": expected {\"type\": \"tool_reference\", \"tool_name\": ...}");
+    const std::string n = r["tool_name"].get<std::string>();
+    if (search.Find(n) == nullptr)
+      return InvalidRequest(w + ".tool_name: \"" + n + "\" is not a tool with defer_loading: true in tools");
+    names->push_back(n);
+  }
+  return std::nullopt;
+}
+
 // Text of a tool_result's content (a string or text blocks), with its blocks' cache_control marks.
-std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, const std::string& where, std::string* out,
-                                       std::vector<CacheMark>* marks) {
+std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, const std::string& where,
+                                       const ToolSearchConfig& search, std::string* out, std::vector<CacheMark>* marks,
+                                       std::set<std::string>* loaded) {
   if (c.is_null()) return std::nullopt;
   if (c.is_string()) {
     *out = c.get<std::string>();
@@ -116,6 +135,12 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
       if (marked) marks->push_back({out->size(), one_hour});
     } else if (type == "image") {
       return TextOnly(sm, w);
+    } else if (type == "tool_reference") {  // a client-side tool search's result
+      std::vector<std::string> names;
+      if (auto e = ToolReferences(Json::array({b}), where, search, &names)) return e;
+      loaded->insert(names.begin(), names.end());
+      if (!out->empty()) *out += "\n";
+      *out += ToolReferencesText(search, names);
     } else if (type == "document" || type == "search_result") {
       return InvalidRequest(w + ": " + type + " blocks in tool results are not supported; send text blocks");
     } else {
@@ -125,10 +150,67 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
   return std::nullopt;
 }
 
+// tools: custom tools (input_schema) and the tool search server tools; defer_loading tools go
+// to the search's catalog instead of the prompt.
+std::optional<ApiError> ParseTools(const Json& body, bool has_system, std::vector<ChatTool>* tools,
+                                   ToolSearchConfig* search, std::vector<CacheCut>* tool_cuts) {
+  if (!body.contains("tools") || body["tools"].is_null()) return std::nullopt;
+  const Json& ts = body["tools"];
+  if (!ts.is_array()) return InvalidRequest("tools: expected an array");
+  if (auto e = CheckCount(ts.size(), kLimits.max_tools, "tools")) return e;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Json& t = ts[i];
+    const std::string w = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) return InvalidRequest(w + ": expected an object");
+    const std::string type = t.contains("type") && t["type"].is_string() ? t["type"].get<std::string>() : "custom";
+    bool marked = false, one_hour = false;
+    if (auto e = CacheControl(t, w, &marked, &one_hour)) return e;
+    bool deferred = false;
+    if (auto e = OptBool(t, "defer_loading", w, &deferred)) return e;
+    const bool regex = type == "tool_search_tool_regex_20251119" || type == "tool_search_tool_regex";
+    const bool bm25 = type == "tool_search_tool_bm25_20251119" || type == "tool_search_tool_bm25";
+    if (regex || bm25) {
+      if (search->kind != ToolSearchKind::kNone) return InvalidRequest(w + ": only one tool search tool may be given");
+      if (deferred) return InvalidRequest(w + ".defer_loading: the tool search tool itself cannot be deferred");
+      search->kind = regex ? ToolSearchKind::kRegex : ToolSearchKind::kBm25;
+      search->name = regex ? "tool_search_tool_regex" : "tool_search_tool_bm25";
+      if (auto e = OptString(t, "name", w, &search->name)) return e;
+      if (auto e = CheckToolName(search->name, w + ".name", kLimits.max_tool_name_bytes)) return e;
+      tools->push_back(ChatTool{search->name, "", {}, false});  // the definition is filled in below
+      if (marked) tool_cuts->push_back({has_system ? size_t{1} : size_t{0}, std::nullopt, tools->size(), one_hour});
+      continue;
+    }
+    if (type != "custom")
+      return InvalidRequest(w + ".type: server tool \"" + type +
+                            "\" is not supported by this server; "
+                            "define it as a custom tool with an input_schema");
+    if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
+    if (auto e = CheckToolName(t["name"].get<std::string>(), w + ".name", kLimits.max_tool_name_bytes)) return e;
+    if (!t.contains("input_schema") || !t["input_schema"].is_object())
+      return InvalidRequest(w + ".input_schema: field required (a JSON schema object)");
+    ChatTool tool;
+    tool.name = t["name"].get<std::string>();
+    if (auto e = OptString(t, "description", w, &tool.description)) return e;
+    if (auto e = OptBool(t, "strict", w, &tool.strict)) return e;
+    tool.parameters = t["input_schema"];
+    if (deferred) {  // not shown to the model until a search (or a tool_reference) loads it
+      search->deferred.push_back(std::move(tool));
+    } else {
+      tools->push_back(std::move(tool));
+    }
+    // The tools follow the system text in the rendered prompt, so a tool's prefix keeps it.
+    if (marked) tool_cuts->push_back({has_system ? size_t{1} : size_t{0}, std::nullopt, tools->size(), one_hour});
+  }
+  for (ChatTool& t : *tools)
+    if (search->kind != ToolSearchKind::kNone && t.name == search->name) t = search->AsTool();
+  return std::nullopt;
+}
+
 // The messages; each content block with cache_control adds a cut (the conversation truncated
 // right after that block) to `cuts`.
-std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, std::vector<ChatMessage>* out,
-                                      std::vector<CacheCut>* cuts) {
+std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, const ToolSearchConfig& search,
+                                      std::vector<ChatMessage>* out, std::vector<CacheCut>* cuts,
+                                      std::set<std::string>* loaded) {
   if (auto e = CheckCount(msgs.size(), kLimits.max_messages, "messages")) return e;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Json& m = msgs[i];
@@ -194,7 +276,8 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
         ChatMessage tool{"tool", "", {}, b["tool_use_id"].get<std::string>(), {}};
         std::vector<CacheMark> marks;
         if (b.contains("content"))
-          if (auto e = ToolResultText(sm, b["content"], w + ".content", &tool.content, &marks)) return e;
+          if (auto e = ToolResultText(sm, b["content"], w + ".content", search, &tool.content, &marks, loaded))
+            return e;
         const std::string error_prefix = "Error: ";
         bool is_error = false;
         if (auto e = OptBool(b, "is_error", w, &is_error)) return e;
@@ -229,10 +312,44 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, s
                                 "another server or an earlier run); send it back unchanged or drop it");
         // Kept with the message; PrepareChat replays only the current tool loop's reasoning.
         AppendPara(&msg.reasoning, text);
+      } else if (type == "server_tool_use" && role == "assistant") {
+        ChatToolCall call;
+        if (auto e = OptString(b, "id", w, &call.id)) return e;
+        if (!b.contains("name") || !b["name"].is_string() || search.kind == ToolSearchKind::kNone ||
+            b["name"] != search.name)
+          return InvalidRequest(w + ".name: a server_tool_use must name the tool search tool given in tools");
+        call.name = search.name;
+        if (b.contains("input")) call.arguments = b["input"];
+        if (!call.arguments.is_object()) return InvalidRequest(w + ".input: expected an object");
+        msg.tool_calls.push_back(std::move(call));
+      } else if (type == "tool_search_tool_result" && role == "assistant") {
+        // The search's result: the tool's response turn, then the assistant's turn goes on.
+        ChatMessage tool{"tool", "", {}, "", {}};
+        if (auto e = OptString(b, "tool_use_id", w, &tool.tool_call_id)) return e;
+        const Json content = b.contains("content") ? b["content"] : Json();
+        if (BlockType(content) == "tool_search_tool_search_result") {
+          std::vector<std::string> names;
+          if (auto e = ToolReferences(content.contains("tool_references") ? content["tool_references"] : Json(),
+                                      w + ".content.tool_references", search, &names))
+            return e;
+          loaded->insert(names.begin(), names.end());
+          tool.content = ToolReferencesText(search, names);
+        } else if (BlockType(content) == "tool_search_tool_result_error") {
+          ToolSearchOutcome err;
+          err.error_code = content.contains("error_code") && content["error_code"].is_string()
+                               ? content["error_code"].get<std::string>()
+                               : "unavailable";
+          tool.content = ToolSearchErrorText(err);
+        } else {
+          return InvalidRequest(w + ".content: expected a tool_search_tool_search_result or an error");
+        }
+        out->push_back(std::move(msg));
+        msg = ChatMessage{role, "", {}, {}, {}};
+        out->push_back(std::move(tool));
       } else if (type == "redacted_thinking" && role == "assistant") {
         // Accepted and dropped: this server never produces one, so there is nothing to decode.
-      } else if (type == "search_result" || type == "server_tool_use" || type == "web_search_tool_result" ||
-                 type == "container_upload" || type == "mcp_tool_use" || type == "mcp_tool_result") {
+      } else if (type == "search_result" || type == "web_search_tool_result" || type == "container_upload" ||
+                 type == "mcp_tool_use" || type == "mcp_tool_result") {
         return InvalidRequest(w + ": content blocks of type \"" + type + "\" are not supported by this server");
       } else {
         return InvalidRequest(w + ": unsupported content block type \"" + type + "\" in a " + role + " message");
@@ -297,7 +414,8 @@ std::optional<ApiError> ParseContextEdits(const Json& cm, std::vector<ContextEdi
       if (e.contains("keep") && !e["keep"].is_null())
         if (auto err = TypedCount(e["keep"], w + ".keep", {"tool_uses"}, &t, &edit.keep)) return err;
       if (e.contains("clear_at_least") && !e["clear_at_least"].is_null())
-        if (auto err = TypedCount(e["clear_at_least"], w + ".clear_at_least", {"input_tokens"}, &t, &edit.clear_at_least))
+        if (auto err =
+                TypedCount(e["clear_at_least"], w + ".clear_at_least", {"input_tokens"}, &t, &edit.clear_at_least))
           return err;
       if (e.contains("exclude_tools") && !e["exclude_tools"].is_null()) {
         if (!e["exclude_tools"].is_array()) return InvalidRequest(w + ".exclude_tools: expected an array of names");
@@ -381,10 +499,15 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
     std::vector<CacheMark> marks;
     if (auto e = SystemText(body["system"], "system", &sys.content, &marks)) return e;
     for (const CacheMark& mk : marks)
-      system_cuts.push_back({0, ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}, {}}, SIZE_MAX, mk.one_hour});
+      system_cuts.push_back(
+          {0, ChatMessage{"system", sys.content.substr(0, mk.len), {}, {}, {}}, SIZE_MAX, mk.one_hour});
     req->messages.push_back(std::move(sys));
   }
-  if (auto e = ParseMessages(body["messages"], sm, &req->messages, &message_cuts)) return e;
+  std::vector<ChatTool> tools;
+  if (auto e = ParseTools(body, has_system, &tools, &req->tool_search, &tool_cuts)) return e;
+  std::set<std::string> loaded;  // deferred tools loaded by tool_reference blocks in the history
+  if (auto e = ParseMessages(body["messages"], sm, req->tool_search, &req->messages, &message_cuts, &loaded)) return e;
+  for (const std::string& n : loaded) req->loaded_tools.push_back(*req->tool_search.Find(n));
   if (std::none_of(req->messages.begin(), req->messages.end(), [](const ChatMessage& m) { return m.role != "system"; }))
     return InvalidRequest("messages: at least one user or assistant message with content is required");
   if (req->messages.back().role == "assistant") req->render.continue_final = true;
@@ -422,44 +545,6 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   }
 
   // Tools.
-  std::vector<ChatTool> tools;
-  if (body.contains("tools") && !body["tools"].is_null()) {
-    const Json& ts = body["tools"];
-    if (!ts.is_array()) return InvalidRequest("tools: expected an array");
-    if (auto e = CheckCount(ts.size(), kLimits.max_tools, "tools")) return e;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      const Json& t = ts[i];
-      const std::string w = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object()) return InvalidRequest(w + ": expected an object");
-      const std::string type = t.contains("type") && t["type"].is_string() ? t["type"].get<std::string>() : "custom";
-      if (type != "custom")
-        return InvalidRequest(w + ".type: server tool \"" + type +
-                              "\" is not supported by this server; "
-                              "define it as a custom tool with an input_schema");
-      if (!t.contains("name") || !t["name"].is_string()) return InvalidRequest(w + ".name: field required");
-      if (auto e = CheckToolName(t["name"].get<std::string>(), w + ".name", kLimits.max_tool_name_bytes)) return e;
-      if (!t.contains("input_schema") || !t["input_schema"].is_object())
-        return InvalidRequest(w + ".input_schema: field required (a JSON schema object)");
-      bool marked = false, one_hour = false;
-      if (auto e = CacheControl(t, w, &marked, &one_hour)) return e;
-      bool deferred = false;
-      if (auto e = OptBool(t, "defer_loading", w, &deferred)) return e;
-      std::string description;
-      if (auto e = OptString(t, "description", w, &description)) return e;
-      bool strict = false;
-      if (auto e = OptBool(t, "strict", w, &strict)) return e;
-      if (!deferred) {  // deferred tools are not shown to the model (docs/api.md)
-        ChatTool tool;
-        tool.name = t["name"].get<std::string>();
-        tool.description = std::move(description);
-        tool.parameters = t["input_schema"];
-        tool.strict = strict;
-        tools.push_back(std::move(tool));
-      }
-      // The tools follow the system text in the rendered prompt, so a tool's prefix keeps it.
-      if (marked) tool_cuts.push_back({has_system ? size_t{1} : size_t{0}, std::nullopt, tools.size(), one_hour});
-    }
-  }
   for (auto* part : {&tool_cuts, &system_cuts, &message_cuts})
     for (CacheCut& c : *part) req->cache_cuts.push_back(std::move(c));
   if (req->cache_cuts.size() > 4)
@@ -486,6 +571,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       forced_name = tc["name"].get<std::string>();
       bool found = false;
       for (const ChatTool& t : tools) found |= t.name == forced_name;
+      for (const ChatTool& t : req->loaded_tools) found |= t.name == forced_name;
       if (!found) return InvalidRequest("tool_choice.name: no tool named \"" + forced_name + "\" in tools");
     }
     if ((choice == "any" || choice == "tool") && tools.empty())
@@ -640,9 +726,14 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
                                          {"delta", {{"type", "thinking_delta"}, {"thinking", ev.text}}}});
       break;
     }
+    case StreamEvent::Kind::kServerTool:
     case StreamEvent::Kind::kToolCall: {
-      Json start = {
-          {"type", "tool_use"}, {"id", RandomId("toolu_")}, {"name", ev.call.name}, {"input", Json::object()}};
+      const bool server = ev.kind == StreamEvent::Kind::kServerTool;
+      const std::string id = RandomId(server ? "srvtoolu_" : "toolu_");
+      Json start = {{"type", server ? "server_tool_use" : "tool_use"},
+                    {"id", id},
+                    {"name", ev.call.name},
+                    {"input", Json::object()}};
       out += OpenBlock(Block::kToolUse, start);
       content_.back()["input"] = ev.call.arguments;
       out += Sse("content_block_delta",
@@ -650,6 +741,11 @@ std::string AnthropicWriter::Event(const StreamEvent& ev) {
                   {"index", content_.size() - 1},
                   {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(ev.call.arguments)}}}});
       out += CloseBlock();
+      if (server) {  // the search ran on the server: its result block follows at once
+        out += OpenBlock(Block::kToolUse,
+                         {{"type", "tool_search_tool_result"}, {"tool_use_id", id}, {"content", ev.server_result}});
+        out += CloseBlock();
+      }
       break;
     }
     case StreamEvent::Kind::kDone: {

@@ -214,8 +214,8 @@ nlohmann::ordered_json ApplyContextEdits(const ServedModel& sm, ChatRequest* req
         if (it != by_id.end()) uses[it->second].result = i;
       }
     }
-    const bool triggered = e.trigger_on_tool_uses ? static_cast<int64_t>(uses.size()) > e.trigger_value
-                                                  : current > e.trigger_value;
+    const bool triggered =
+        e.trigger_on_tool_uses ? static_cast<int64_t>(uses.size()) > e.trigger_value : current > e.trigger_value;
     if (!triggered) continue;
     const size_t keep = std::min(uses.size(), static_cast<size_t>(std::max<int64_t>(e.keep, 0)));
     int64_t n_cleared = 0;
@@ -304,17 +304,24 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     out->params.seeded = true;
   }
   out->parser.start_in_reasoning = req.thinking_budget > 0;
+  // Callable: the listed tools and the deferred ones loaded earlier (a search within this
+  // generation adds what it finds: Session).
+  std::vector<ChatTool> callable = req.render.tools;
+  callable.insert(callable.end(), req.loaded_tools.begin(), req.loaded_tools.end());
   out->parser.parse_tool_calls = req.parse_tool_calls;
-  out->parser.tools = req.render.tools;
+  out->parser.tools = callable;
   out->parser.stop_sequences = req.stop_sequences;
   out->parser.tool_call_prefill = tool_call_prefill;
   out->parser.markup = ToolCallMarkupFor(sm.family);
   out->thinking_budget = req.thinking_budget;
   out->single_tool_call = req.single_tool_call;
+  out->forced_tool_call = forced;
+  out->family = sm.family;
+  out->tool_search = req.tool_search;
 
   ConstraintRequest cr;
   cr.family = sm.family;
-  if (req.parse_tool_calls) cr.tools = req.render.tools;
+  if (req.parse_tool_calls) cr.tools = callable;
   cr.tool_choice = req.tool_choice;
   cr.forced_tool = req.forced_tool;
   cr.format = req.format;
@@ -323,9 +330,11 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   std::shared_ptr<const TokenMasker> masker = sm.masker;
   if (masker == nullptr && (!cr.tools.empty() || cr.format != OutputFormat::kText))
     masker = std::make_shared<const TokenMasker>(sm.model->tokenizer(), sm.model->config().n_vocab);
-  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(cr, std::move(masker));
+  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(cr, masker);
   if (!c.ok()) return InvalidRequest(c.status().message());
   out->params.constraint = std::move(*c);
+  out->constraint_request = std::move(cr);
+  out->masker = std::move(masker);
   return std::nullopt;
 }
 
@@ -343,9 +352,40 @@ struct Session {
   int64_t thinking_budget = 0;
   bool single_tool_call = false;
   bool end_reasoning = false;  // the budget is spent: inject "</think>"
+  // Tool search run by the server: its calls (not the client's), and the result to inject.
+  ToolSearchConfig tool_search;
+  ChatFamily family = ChatFamily::kChatML;
+  bool forced_tool_call = false;
+  std::shared_ptr<TokenConstraint> constraint;
+  int server_calls = 0;
+  std::string server_result;          // non-empty: the search ran; its result goes into the prompt next
+  bool last_was_server_tool = false;  // the last event: a search whose result may not have fit
+  int client_calls() const { return parser.tool_calls() - server_calls; }
+  ConstraintRequest constraint_request;
+  std::shared_ptr<const TokenMasker> masker;
+
+  // Tools a search found become callable: the parser accepts them and the grammar (rebuilt with
+  // them; the constraint object is shared with the Sequence) allows them.
+  void Load(const std::vector<std::string>& names) {
+    bool added = false;
+    for (const std::string& n : names) {
+      const ChatTool* t = tool_search.Find(n);
+      if (t == nullptr) continue;
+      bool have = false;
+      for (const ChatTool& c : constraint_request.tools) have |= c.name == n;
+      if (have) continue;
+      parser.AddTool(*t);
+      constraint_request.tools.push_back(*t);
+      added = true;
+    }
+    if (!added || !constraint || !masker) return;
+    Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(constraint_request, masker);
+    if (c.ok() && *c) *constraint = **c;
+  }
 
   void Flush() {
     for (ParsedEvent& e : events) {
+      last_was_server_tool = false;
       StreamEvent ev;
       switch (e.kind) {
         case ParsedEvent::Kind::kText:
@@ -356,6 +396,16 @@ struct Session {
           break;
         case ParsedEvent::Kind::kToolCall:
           ev.kind = StreamEvent::Kind::kToolCall;
+          if (tool_search.kind != ToolSearchKind::kNone && e.call.name == tool_search.name) {
+            const ToolSearchOutcome found = RunToolSearch(tool_search, e.call.arguments);
+            ev.kind = StreamEvent::Kind::kServerTool;
+            ev.server_result = ToolSearchResultContent(found);
+            server_result =
+                found.error_code.empty() ? ToolReferencesText(tool_search, found.names) : ToolSearchErrorText(found);
+            Load(found.names);
+            ++server_calls;
+            last_was_server_tool = true;
+          }
           break;
       }
       ev.text = std::move(e.text);
@@ -375,7 +425,8 @@ struct Session {
     }
     Flush();
     if (parser.stopped()) return false;
-    if (single_tool_call && parser.tool_calls() > 0) return false;
+    if (!server_result.empty()) return false;  // Continuation puts the search's result in the prompt
+    if (single_tool_call && client_calls() > 0) return false;
     if (thinking_budget > 0 && parser.in_reasoning() && reasoning_tokens >= thinking_budget) {
       end_reasoning = true;
       return false;
@@ -384,6 +435,13 @@ struct Session {
   }
 
   std::vector<TokenId> Continuation() {
+    if (!server_result.empty()) {
+      const RenderedChat turn = ToolResultTurn(family, server_result);
+      server_result.clear();
+      // A forced call was the search: the answer after it is free (the grammar had its call).
+      if (forced_tool_call && constraint) constraint->Release();
+      return tok.EncodeTemplated(turn.text, /*add_special=*/false, turn.literal);
+    }
     if (!end_reasoning) return {};
     end_reasoning = false;
     const std::string close = "\n</think>\n\n";
@@ -425,9 +483,10 @@ struct Session {
     } else if (parser.stopped()) {
       ev.finish = FinishReason::kStopSequence;
       ev.stop_sequence = parser.matched_stop_sequence();
-    } else if (parser.tool_calls() > 0) {
+    } else if (client_calls() > 0) {
       ev.finish = FinishReason::kToolUse;
-    } else if (r->stop == StopCause::kMaxTokens || r->stop == StopCause::kContextFull) {
+    } else if (r->stop == StopCause::kMaxTokens || r->stop == StopCause::kContextFull ||
+               (r->stop == StopCause::kCallback && last_was_server_tool)) {  // no room for the search's result
       ev.finish = FinishReason::kMaxTokens;
     } else {
       ev.finish = FinishReason::kEndTurn;
@@ -448,6 +507,12 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   session->channel = std::move(channel);
   session->thinking_budget = prepared.thinking_budget;
   session->single_tool_call = prepared.single_tool_call;
+  session->tool_search = std::move(prepared.tool_search);
+  session->family = prepared.family;
+  session->forced_tool_call = prepared.forced_tool_call;
+  session->constraint = prepared.params.constraint;
+  session->constraint_request = std::move(prepared.constraint_request);
+  session->masker = std::move(prepared.masker);
   auto job = std::make_shared<EngineJob>();
   job->prompt = std::move(prepared.prompt);
   job->params = prepared.params;

@@ -20,6 +20,7 @@
 #include "server/engine.h"
 #include "server/output_constraint.h"
 #include "server/output_parser.h"
+#include "server/tool_search.h"
 
 namespace mr::server {
 
@@ -79,6 +80,10 @@ struct ChatRequest {
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
   int64_t thinking_budget = 0;  // > 0: prompted reasoning of at most this many tokens
+  // Tool search: the server tool and the defer_loading catalog; loaded_tools are the deferred
+  // tools the history's tool_reference blocks loaded (callable, defined in the prompt there).
+  ToolSearchConfig tool_search;
+  std::vector<ChatTool> loaded_tools;
   bool context_management = false;  // the request had context_management (the response reports it)
   std::vector<ContextEdit> context_edits;
 };
@@ -112,6 +117,12 @@ struct PreparedChat {
   OutputParser::Options parser;
   int64_t thinking_budget = 0;
   bool single_tool_call = false;
+  bool forced_tool_call = false;
+  ChatFamily family = ChatFamily::kChatML;
+  ToolSearchConfig tool_search;
+  // The constraint's inputs, for rebuilding it when a search loads tools mid-generation.
+  ConstraintRequest constraint_request;
+  std::shared_ptr<const TokenMasker> masker;
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
   // With context_management: {"applied_edits": [...]} (and original_input_tokens, which
   // count_tokens reports); null otherwise.
@@ -145,10 +156,12 @@ enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancel
 struct StreamEvent {
   // kStarted: the request got its sequence slot; the prompt and cache counts below are final
   // (Anthropic's message_start waits for it, so its usage is the real one).
-  enum class Kind { kStarted, kText, kReasoning, kToolCall, kDone, kError };
+  // kServerTool: a call of the tool search server tool, run by the server (call, server_result).
+  enum class Kind { kStarted, kText, kReasoning, kToolCall, kServerTool, kDone, kError };
   Kind kind = Kind::kText;
   std::string text;
   ChatToolCall call;
+  nlohmann::ordered_json server_result;  // kServerTool: the tool_search_tool_result's content
   // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;
   std::string stop_sequence;

@@ -269,6 +269,8 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kReasoning:
       reasoning_ += ev.text;
       return ev.text.empty() ? "" : Chunk({{"reasoning_content", ev.text}}, nullptr);
+    case StreamEvent::Kind::kServerTool:  // Anthropic's tool search only
+      return "";
     case StreamEvent::Kind::kToolCall: {
       const std::string args = Dump(ev.call.arguments);
       Json tc = {

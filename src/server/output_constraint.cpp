@@ -50,8 +50,8 @@ Result<Expr> ToolBody(GrammarBuilder& b, const ToolCallMarkup& m, const ChatTool
   Result<Expr> args = JsonSchemaExpr(b, t.parameters, {t.strict});
   if (!args.ok()) {
     if (t.strict || forced)
-      return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + t.name + "\") input_schema: " +
-                             args.status().message());
+      return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + t.name +
+                             "\") input_schema: " + args.status().message());
     MR_LOGD("server", "tool \"%s\": %s; its arguments are constrained to any JSON object", t.name.c_str(),
             args.status().message().c_str());
     args = JsonAnyObject(b);
@@ -103,7 +103,8 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
   if (!forced && !structured) {
     // auto: lazy, for every call the model opens, tagged or in a fence.
-    opts.triggers = {m.open, m.fence_open + m.name_prefix};
+    opts.triggers = {m.open, m.fence_open + "{"};
+    opts.start_triggers = {m.name_prefix};  // a bare call object at the start of the answer
     opts.repeat = true;
   } else if (structured && !forced && req.reasoning) {
     opts.triggers = {"</think>"};  // the structured answer follows the reasoning
@@ -137,9 +138,13 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
         if (!calls.ok()) return calls.status();
         tagged = TaggedCall(b, m, *calls);
         if (!structured) {
-          const Expr fenced = b.Seq({b.Literal(m.fence_open + m.name_prefix), *calls, b.Opt(b.Literal("\n")),
-                                     b.Literal(m.fence_close)});
-          root = b.Alt({*tagged, fenced});
+          // A fenced object: the model may have started it pretty-printed (`{\n  "name": "`); the
+          // rest is compact.
+          const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 8);
+          const Expr fenced = b.Seq({b.Literal(m.fence_open + "{"), ws, b.Literal("\"name\":"), b.Opt(b.Literal(" ")),
+                                     b.Literal("\""), *calls, b.Opt(b.Literal("\n")), b.Literal(m.fence_close)});
+          const Expr bare = b.Seq({b.Literal(m.name_prefix), *calls});
+          root = b.Alt({*tagged, fenced, bare});
         }
       }
       if (structured) {

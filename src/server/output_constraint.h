@@ -4,8 +4,10 @@
 //   tool_choice any / tool   the call is forced (the prompt ends inside it) and its name and
 //                            arguments are decoded under the tools' schemas: always a valid call
 //   tool_choice auto         lazy: free text until the model opens a call (its family's open
-//                            tag), then the name must be a declared tool and the arguments follow
-//                            its schema; every call the model starts is then valid (repeatable)
+//                            tag, or a ```json fence opening an object), then the name must be a
+//                            declared tool and the arguments follow its schema; every call the
+//                            model starts is then valid (repeatable). With tools present, a
+//                            fenced JSON object is taken as a call.
 //   structured output        the answer is JSON of the given schema (Anthropic
 //                            output_config.format, OpenAI response_format json_schema /
 //                            json_object); with prompted reasoning it starts after </think>, and

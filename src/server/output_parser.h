@@ -57,6 +57,8 @@ class OutputParser {
   bool stopped() const { return stopped_; }  // a stop sequence matched: generation must stop
   const std::string& matched_stop_sequence() const { return matched_stop_; }
   int tool_calls() const { return tool_calls_; }
+  // A tool that becomes callable mid-generation (found by the server's tool search).
+  void AddTool(const ChatTool& tool) { opts_.tools.push_back(tool); }
 
  private:
   enum class Mode { kReasoning, kContent, kToolCall, kBareJson };

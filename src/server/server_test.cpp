@@ -277,10 +277,10 @@ TEST(ChatFormat, QwenToolsAndToolResultsMatchTemplate) {
   ChatToolCall call;
   call.name = "read";
   call.arguments = Json::parse(R"({"path": "a.txt"})");
-  std::vector<ChatMessage> msgs = {{"user", "Show a.txt", {}, {}},
-                                   {"assistant", "", {call}, {}},
-                                   {"tool", "hello", {}, "t1"},
-                                   {"system", "Be brief.", {}, {}}};
+  std::vector<ChatMessage> msgs = {{"user", "Show a.txt", {}, {}, {}},
+                                   {"assistant", "", {call}, {}, {}},
+                                   {"tool", "hello", {}, "t1", {}},
+                                   {"system", "Be brief.", {}, {}, {}}};
   const std::string got = RenderChat(DetectChatFamily(**f), **f, msgs, opts);
   const std::string want =
       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"

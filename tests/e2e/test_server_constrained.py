@@ -162,7 +162,7 @@ def test_unsupported_schema_keywords_are_named(client):
                                tool_choice={"type": "tool", "name": "get_time"}, messages=[{"role": "user", "content": "time?"}])
     assert "$.not" in str(e.value)
     # Not strict and not forced: a value bound is not enforced, the call is still constrained.
-    loose = dict(CLOCK, input_schema={"type": "object", "properties": {"tz": {"type": "string", "maxLength": 40}}, "required": ["tz"]})
+    loose = dict(CLOCK, input_schema={"type": "object", "properties": {"tz": {"type": "string", "pattern": "^[A-Z]"}}, "required": ["tz"]})
     msg = client.messages.create(model="m", max_tokens=60, tools=[loose], tool_choice={"type": "any"},
                                  messages=[{"role": "user", "content": "time in Oslo?"}], extra_body=SAMPLED)
     assert msg.stop_reason == "tool_use"
