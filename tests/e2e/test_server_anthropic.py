@@ -56,7 +56,10 @@ def headers(**extra):
 def test_models_list_and_retrieve(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["smollm2-135m-instruct"]
-    assert client.models.retrieve("claude-opus-5-5").id == "smollm2-135m-instruct"
+    m = client.models.retrieve("claude-opus-5-5")
+    assert m.id == "smollm2-135m-instruct"
+    # The context window (-c 2048) and the output limit, as Anthropic's ModelInfo names them.
+    assert m.max_input_tokens == 2047 and 1 <= m.max_tokens <= 2047 and m.lifecycle == "active"
 
 
 def test_message_shape_and_count_tokens(client):
