@@ -29,6 +29,7 @@ APT_NEEDS=(
   "libcli11-dev:/usr/include/CLI/CLI.hpp"
   "pkg-config:pkg-config"
   "libre2-dev:/usr/include/re2/re2.h"
+  "libpoppler-cpp-dev:/usr/include/poppler/cpp/poppler-document.h"
   "python3:python3"
   # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh in CI)
   "clang-14:clang++-14"

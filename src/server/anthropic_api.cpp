@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "server/documents.h"
 #include "server/request_fields.h"
 #include "server/signing.h"
 
@@ -141,7 +142,17 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
       loaded->insert(names.begin(), names.end());
       if (!out->empty()) *out += "\n";
       *out += ToolReferencesText(search, names);
-    } else if (type == "document" || type == "search_result") {
+    } else if (type == "document") {
+      if (b.contains("citations") && b["citations"].is_object() && b["citations"].contains("enabled") &&
+          b["citations"]["enabled"] == true)
+        return InvalidRequest(w +
+                              ".citations: citations are not supported by this server; send the document without "
+                              "\"citations\"");
+      Result<std::string> doc = DocumentText(b, w);
+      if (!doc.ok()) return InvalidRequest(doc.status().message());
+      if (!out->empty()) *out += "\n";
+      *out += *doc;
+    } else if (type == "search_result") {
       return InvalidRequest(w + ": " + type + " blocks in tool results are not supported; send text blocks");
     } else {
       return InvalidRequest(w + ": unsupported content block type \"" + type + "\" in a tool result");
@@ -264,12 +275,9 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, c
         if (cite)
           return InvalidRequest(
               w + ".citations: citations are not supported by this server; send the document without \"citations\"");
-        const Json src = b.contains("source") ? b["source"] : Json();
-        if (BlockType(src) != "text" || !src.contains("data") || !src["data"].is_string())
-          return InvalidRequest(w +
-                                ".source: only plain-text documents ({\"type\": \"text\", \"data\": ...}) are "
-                                "supported by this text-only model");
-        AppendPara(&msg.content, src["data"].get<std::string>());
+        Result<std::string> doc = DocumentText(b, w);
+        if (!doc.ok()) return InvalidRequest(doc.status().message());
+        AppendPara(&msg.content, *doc);
       } else if (type == "tool_result" && role == "user") {
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
           return InvalidRequest(w + ".tool_use_id: field required");

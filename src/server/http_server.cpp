@@ -188,16 +188,11 @@ struct HttpServer::Impl {
     std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
     // The context window and the output limit (the prompt needs at least one token of room).
     const int64_t max_out = sm.max_output_tokens > 0 ? std::min(sm.max_output_tokens, sm.n_ctx - 1) : sm.n_ctx - 1;
-    return {{"type", "model"},
-            {"id", sm.id},
-            {"display_name", sm.id},
-            {"created_at", created},
-            {"lifecycle", "active"},
-            {"max_input_tokens", sm.n_ctx - 1},
-            {"max_tokens", max_out},
-            {"context_window", sm.n_ctx},
-            {"object", "model"},
-            {"created", sm.created_unix},
+    return {{"type", "model"},       {"id", sm.id},
+            {"display_name", sm.id}, {"created_at", created},
+            {"lifecycle", "active"}, {"max_input_tokens", sm.n_ctx - 1},
+            {"max_tokens", max_out}, {"context_window", sm.n_ctx},
+            {"object", "model"},     {"created", sm.created_unix},
             {"owned_by", "mererun"}};
   }
 

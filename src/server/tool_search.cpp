@@ -99,7 +99,8 @@ ChatTool ToolSearchConfig::AsTool() const {
   t.description = "Search for more tools. " + std::to_string(deferred.size()) +
                   " more tools are available but not loaded (" + names +
                   "); call this to find the ones you need. The tools found are loaded and can then be called.";
-  t.parameters = Json::parse(R"({"type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}}, "required": ["query"]})");
+  t.parameters = Json::parse(
+      R"({"type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}}, "required": ["query"]})");
   t.parameters["properties"]["query"]["description"] = what;
   return t;
 }

@@ -20,7 +20,7 @@ enum class ToolSearchKind { kNone, kRegex, kBm25 };
 
 struct ToolSearchConfig {
   ToolSearchKind kind = ToolSearchKind::kNone;
-  std::string name;               // the search tool's name (what the model calls)
+  std::string name;                // the search tool's name (what the model calls)
   std::vector<ChatTool> deferred;  // every defer_loading tool (searchable, callable once found)
   // The search tool as the model sees it (name, a description listing the deferred tools' names,
   // {"query": string}).

@@ -17,10 +17,12 @@ ToolSearchConfig Catalog(ToolSearchKind kind) {
     return ChatTool{name, desc, Json::parse(params), false};
   };
   c.deferred = {
-      tool("get_weather", "Current weather for a city.", R"({"type": "object", "properties": {"city": {"type": "string"}}})"),
+      tool("get_weather", "Current weather for a city.",
+           R"({"type": "object", "properties": {"city": {"type": "string"}}})"),
       tool("send_email", "Send an email message.",
            R"({"type": "object", "properties": {"to": {"type": "string", "description": "recipient address"}}})"),
-      tool("list_events", "Calendar events of one day.", R"({"type": "object", "properties": {"date": {"type": "string"}}})"),
+      tool("list_events", "Calendar events of one day.",
+           R"({"type": "object", "properties": {"date": {"type": "string"}}})"),
       tool("forecast", "Weather forecast for the coming days.", R"({"type": "object"})"),
   };
   return c;
