@@ -65,7 +65,8 @@ Result<std::vector<PdfPage>> PdfPages(std::string_view bytes) {
   if (bytes.substr(0, std::min<size_t>(bytes.size(), 1024)).find("%PDF-") == std::string_view::npos)
     return InvalidArgument("the data is not a PDF (no %PDF- header)");
   poppler::byte_array data(bytes.begin(), bytes.end());
-  std::unique_ptr<poppler::document> doc(poppler::document::load_from_raw_data(data.data(), static_cast<int>(data.size())));
+  std::unique_ptr<poppler::document> doc(
+      poppler::document::load_from_raw_data(data.data(), static_cast<int>(data.size())));
   if (!doc) return InvalidArgument("the PDF could not be read (damaged or not a PDF); send its text instead");
   if (doc->is_locked() || doc->is_encrypted())
     return InvalidArgument("the PDF is encrypted or password-protected; send an unencrypted copy or its text");
@@ -94,7 +95,8 @@ Result<std::string> DocumentText(const Json& b, const std::string& where) {
   const std::string type = src.is_object() ? StringField(src, "type") : "";
   std::string body;
   if (type == "text") {
-    if (!src.contains("data") || !src["data"].is_string()) return InvalidArgument(where + ".source.data: field required");
+    if (!src.contains("data") || !src["data"].is_string())
+      return InvalidArgument(where + ".source.data: field required");
     body = src["data"].get<std::string>();
   } else if (type == "content") {
     const Json c = src.contains("content") ? src["content"] : Json();
@@ -102,7 +104,8 @@ Result<std::string> DocumentText(const Json& b, const std::string& where) {
       body = c.get<std::string>();
     } else if (c.is_array()) {
       for (const Json& part : c) {
-        if (!part.is_object() || StringField(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || StringField(part, "type") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           return InvalidArgument(where + ".source.content: only text blocks are supported by this text-only model");
         body += (body.empty() ? "" : "\n\n") + part["text"].get<std::string>();
       }
@@ -113,7 +116,8 @@ Result<std::string> DocumentText(const Json& b, const std::string& where) {
     const std::string media = StringField(src, "media_type");
     if (media != "application/pdf")
       return InvalidArgument(where + ".source.media_type: expected \"application/pdf\" for a base64 document");
-    if (!src.contains("data") || !src["data"].is_string()) return InvalidArgument(where + ".source.data: field required");
+    if (!src.contains("data") || !src["data"].is_string())
+      return InvalidArgument(where + ".source.data: field required");
     Result<std::string> pdf = DecodeBase64(src["data"].get<std::string>());
     if (!pdf.ok()) return InvalidArgument(where + ".source.data: " + pdf.status().message());
     Result<std::vector<PdfPage>> pages = PdfPages(*pdf);

@@ -1,7 +1,8 @@
 // libFuzzer target: a request body through everything an HTTP handler does before the engine
 // sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd) parser,
 // then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
-// and chat template. Every outcome must be a value: an ApiError or a prepared prompt.
+// and chat template, and the first token mask of a grammar constraint (tool schemas, structured
+// outputs). Every outcome must be a value: an ApiError or a prepared prompt.
 // Seeds: tests/fuzz/corpus/requests.
 #include <string_view>
 
@@ -20,6 +21,7 @@ const mr::server::ServedModel& Served() {
     s.signing_key = "k";
     s.n_ctx = 2048;
     s.family = mr::DetectChatFamily(s.model->file());
+    s.masker = std::make_shared<const mr::TokenMasker>(s.model->tokenizer(), s.model->config().n_vocab);
     return s;
   }();
   return sm;
@@ -50,6 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (mr::server::ParseOpenAIRequest(json, sm, &req, &opts)) return 0;
   }
   mr::server::PreparedChat prepared;
-  (void)mr::server::PrepareChat(sm, std::move(req), &prepared);
+  if (mr::server::PrepareChat(sm, std::move(req), &prepared)) return 0;
+  // A grammar constraint (tools, structured outputs) computes its first mask.
+  if (prepared.params.constraint && prepared.params.constraint->active()) {
+    std::vector<float> logits(static_cast<size_t>(sm.masker->n_vocab()), 0.0f);
+    std::vector<uint8_t> scratch;
+    prepared.params.constraint->Apply(logits.data(), &scratch);
+  }
   return 0;
 }
