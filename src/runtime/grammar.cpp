@@ -1,7 +1,6 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
-#include <cassert>
 
 namespace mr {
 
@@ -187,7 +186,8 @@ std::shared_ptr<const Grammar> GrammarBuilder::Build(const Expr& root) {
   g->root_ = r;
   g->rule_alts_.resize(rules_.size());
   for (size_t i = 0; i < rules_.size(); ++i) {
-    assert(defined_[i]);
+    // A rule declared and never defined (a compile that failed half way, its expression then
+    // replaced) has no alternatives: it matches nothing.
     for (const auto& alt : rules_[i]) {
       g->rule_alts_[i].push_back(static_cast<uint32_t>(g->elems_.size()));
       for (const Elem& el : alt)

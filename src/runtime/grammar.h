@@ -77,7 +77,8 @@ class GrammarBuilder {
   // Between lo and hi repetitions (hi >= lo; unrolled).
   Expr Repeat(const Expr& e, int lo, int hi);
 
-  // Rules by number, for recursion: declare, refer, define later.
+  // Rules by number, for recursion: declare, refer, define later (a rule never defined matches
+  // nothing).
   uint32_t DeclareRule();
   Expr Ref(uint32_t rule) const { return Expr{{{Elem{Elem::kRef, rule}}}}; }
   void DefineRule(uint32_t rule, const Expr& body);

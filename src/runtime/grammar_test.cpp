@@ -153,6 +153,23 @@ TEST(JsonGrammar, RandomSentencesParseAndSatisfyTheSchema) {
   }
 }
 
+TEST(JsonGrammar, AFailedCompileLeavesTheBuilderUsable) {
+  // A $ref whose target has an unknown keyword fails; the caller falls back to any object in
+  // the same builder (what a lazy tool grammar does), and the grammar builds and matches.
+  GrammarBuilder b;
+  const Json bad = Json::parse(R"({"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"prpoerties": {}}}})");
+  EXPECT_FALSE(JsonSchemaExpr(b, bad).ok());
+  const auto g = b.Build(b.Alt({b.Literal("x"), JsonAnyObject(b)}));
+  EXPECT_TRUE(Matches(*g, R"({"a": [1, {"b": null}]})"));
+  EXPECT_TRUE(Matches(*g, "x"));
+  // An undefined rule matches nothing.
+  GrammarBuilder c;
+  const uint32_t r = c.DeclareRule();
+  const auto h = c.Build(c.Alt({c.Ref(r), c.Literal("y")}));
+  EXPECT_TRUE(Matches(*h, "y"));
+  EXPECT_FALSE(Matches(*h, ""));
+}
+
 TEST(JsonGrammar, UnsupportedKeywordsAreNamed) {
   GrammarBuilder b;
   auto err = [&](const char* schema, bool strict) {

@@ -360,7 +360,10 @@ class Compiler {
     const uint32_t rule = b_.DeclareRule();
     refs_[r] = rule;  // before compiling the target, so that recursion refers back to the rule
     Result<Expr> e = Value(*target, path + "(" + r + ")", depth + 1);
-    if (!e.ok()) return e;
+    if (!e.ok()) {
+      b_.DefineRule(rule, Expr{});  // no alternatives: the builder stays whole for a fallback
+      return e;
+    }
     b_.DefineRule(rule, *e);
     return b_.Ref(rule);
   }
