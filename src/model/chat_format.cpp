@@ -158,7 +158,8 @@ void ToolCall(const ChatToolCall& call, Prompt* p) {
 
 // The body of an assistant turn: its text, then its tool calls.
 void Reasoning(const ChatMessage& m, Prompt* p) {
-  if (!m.reasoning.empty()) p->Lit("<think>\n").Content(m.reasoning).Lit("\n</think>\n\n");
+  const ReasoningMarkup& r = ReasoningMarkupFor(ChatFamily::kChatML);  // one convention for all
+  if (!m.reasoning.empty()) p->Lit(r.open).Content(m.reasoning).Lit(r.close);
 }
 
 // Reasoning, text, then the calls one per line (as the model writes them after </think>).
@@ -233,6 +234,11 @@ RenderedChat ToolResultTurn(ChatFamily family, const std::string& result) {
 const ToolCallMarkup& ToolCallMarkupFor(ChatFamily /*family*/) {
   static const ToolCallMarkup kHermes;
   return kHermes;
+}
+
+const ReasoningMarkup& ReasoningMarkupFor(ChatFamily /*family*/) {
+  static const ReasoningMarkup kThinkTags;
+  return kThinkTags;
 }
 
 std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name) {

@@ -63,6 +63,17 @@ struct ToolCallMarkup {
 };
 const ToolCallMarkup& ToolCallMarkupFor(ChatFamily family);
 
+// The family's prompted-reasoning convention (these models have no reasoning of their own: the
+// server asks for it in the system prompt and opens the section; every family here uses <think>).
+struct ReasoningMarkup {
+  std::string open = "<think>\n";        // the assistant turn starts with it when reasoning is on
+  std::string end = "</think>";          // where the reasoning ends (what the output parser looks for)
+  std::string close = "\n</think>\n\n";  // injected when the budget is spent; after replayed reasoning
+  std::string instruction =              // appended to the system prompt
+      "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
+};
+const ReasoningMarkup& ReasoningMarkupFor(ChatFamily family);
+
 struct ChatRenderOptions {
   std::vector<ChatTool> tools;
   // Appended to the system text (a default system prompt is used when there is none).

@@ -259,9 +259,10 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   } else if (req.format == OutputFormat::kJsonObject) {
     req.render.system_suffix += kJsonObjectInstruction;
   }
+  const ReasoningMarkup& reasoning = ReasoningMarkupFor(sm.family);
   if (req.thinking_budget > 0) {
-    req.render.system_suffix += kThinkInstruction;
-    req.render.assistant_prefix += "<think>\n";
+    req.render.system_suffix += reasoning.instruction;
+    req.render.assistant_prefix += reasoning.open;
   }
   const bool forced =
       req.parse_tool_calls && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
@@ -313,6 +314,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   out->parser.stop_sequences = req.stop_sequences;
   out->parser.tool_call_prefill = tool_call_prefill;
   out->parser.markup = ToolCallMarkupFor(sm.family);
+  out->parser.reasoning_end = reasoning.end;
   out->thinking_budget = req.thinking_budget;
   out->single_tool_call = req.single_tool_call;
   out->forced_tool_call = forced;
@@ -351,7 +353,7 @@ struct Session {
   int64_t reasoning_tokens = 0;
   int64_t thinking_budget = 0;
   bool single_tool_call = false;
-  bool end_reasoning = false;  // the budget is spent: inject "</think>"
+  bool end_reasoning = false;  // the budget is spent: inject the reasoning's close
   // Tool search run by the server: its calls (not the client's), and the result to inject.
   ToolSearchConfig tool_search;
   ChatFamily family = ChatFamily::kChatML;
@@ -444,7 +446,7 @@ struct Session {
     }
     if (!end_reasoning) return {};
     end_reasoning = false;
-    const std::string close = "\n</think>\n\n";
+    const std::string close = ReasoningMarkupFor(family).close;
     parser.Feed(close, &events);
     Flush();
     return tok.Encode(close, /*add_special=*/false, /*parse_special=*/true);

@@ -24,10 +24,6 @@
 
 namespace mr::server {
 
-// Appended to the system prompt when prompted reasoning is on (docs/api.md, "thinking").
-inline constexpr const char* kThinkInstruction =
-    "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
-
 // Appended to the system prompt for structured outputs (the schema follows the first).
 inline constexpr const char* kJsonSchemaInstruction =
     "\n\nAnswer only with a JSON object that conforms to this JSON schema, with concise values:\n";

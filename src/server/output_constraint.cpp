@@ -107,7 +107,7 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
     opts.start_triggers = {m.name_prefix};  // a bare call object at the start of the answer
     opts.repeat = true;
   } else if (structured && !forced && req.reasoning) {
-    opts.triggers = {"</think>"};  // the structured answer follows the reasoning
+    opts.triggers = {ReasoningMarkupFor(req.family).end};  // the structured answer follows the reasoning
   }
   const std::string key = CacheKey(req);
   std::shared_ptr<const Grammar> g = GrammarCache::Get().Find(key);
@@ -154,7 +154,7 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
         if (!answer.ok()) return InvalidArgument("output format schema: " + answer.status().message());
         const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
         root = b.Seq({ws, *answer});
-        if (req.reasoning) root = b.Seq({b.Literal("</think>"), root});
+        if (req.reasoning) root = b.Seq({b.Literal(ReasoningMarkupFor(req.family).end), root});
         if (tagged && !req.reasoning) root = b.Alt({root, *tagged});  // or a tool call instead
       }
     }

@@ -7,8 +7,6 @@
 namespace mr::server {
 namespace {
 
-constexpr std::string_view kThinkEnd = "</think>";
-
 bool IsWs(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
 }
@@ -144,15 +142,15 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
   while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
     switch (mode_) {
       case Mode::kReasoning: {
-        const size_t end = buf_.find(kThinkEnd);
+        const size_t end = buf_.find(opts_.reasoning_end);
         if (end != std::string::npos) {
           EmitReasoning(std::string_view(buf_).substr(0, end), out);
-          buf_.erase(0, end + kThinkEnd.size());
+          buf_.erase(0, end + opts_.reasoning_end.size());
           mode_ = Mode::kContent;
           skip_ws_ = true;
           continue;
         }
-        const size_t keep = final ? 0 : PartialSuffix(buf_, kThinkEnd);
+        const size_t keep = final ? 0 : PartialSuffix(buf_, opts_.reasoning_end);
         EmitReasoning(std::string_view(buf_).substr(0, buf_.size() - keep), out);
         buf_.erase(0, buf_.size() - keep);
         return;

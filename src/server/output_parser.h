@@ -45,6 +45,7 @@ class OutputParser {
     // inside it), e.g. "<tool_call>\n{\"name\": \"". The parser starts inside the call.
     std::string tool_call_prefill;
     ToolCallMarkup markup;
+    std::string reasoning_end = ReasoningMarkupFor(ChatFamily::kChatML).end;  // ends the reasoning section
   };
 
   explicit OutputParser(Options opts);
