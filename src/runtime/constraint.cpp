@@ -45,9 +45,11 @@ bool TokenConstraint::Allows(TokenId t) const {
   }
 }
 
-void TokenConstraint::Free() {
-  mode_ = lazy() ? Mode::kFree : Mode::kOff;
+void TokenConstraint::Activate(std::string_view text) {
+  state_ = grammar_->Start();
+  mode_ = Mode::kActive;
   window_.clear();
+  Feed(text);
 }
 
 void TokenConstraint::Watch(std::string_view piece) {
@@ -62,10 +64,7 @@ void TokenConstraint::Watch(std::string_view piece) {
           const std::string text(rest);
           at_start_ = false;
           start_text_.clear();
-          window_.clear();
-          state_ = grammar_->Start();
-          mode_ = Mode::kActive;
-          Feed(text);
+          Activate(text);
           return;
         }
         undecided |= t.substr(0, rest.size()) == rest;
@@ -80,10 +79,7 @@ void TokenConstraint::Watch(std::string_view piece) {
   size_t at = std::string::npos;
   for (const std::string& t : opts_.triggers) at = std::min(at, text.find(t));
   if (at != std::string::npos) {
-    state_ = grammar_->Start();
-    mode_ = Mode::kActive;
-    window_.clear();
-    Feed(std::string_view(text).substr(at));  // the grammar begins with the trigger itself
+    Activate(std::string_view(text).substr(at));  // the grammar begins with the trigger itself
     return;
   }
   const size_t keep = max_trigger_ - 1;
@@ -110,11 +106,8 @@ void TokenConstraint::Feed(std::string_view bytes) {
     }
     if (!state_.Advance(static_cast<uint8_t>(bytes[i]))) {
       MR_LOGD("runtime", "constraint: the output left the grammar; constraint off");
-      if (lazy() && opts_.repeat) {
-        Free();
-      } else {
-        mode_ = Mode::kOff;
-      }
+      mode_ = lazy() && opts_.repeat ? Mode::kFree : Mode::kOff;
+      window_.clear();
       return;
     }
   }

@@ -54,7 +54,7 @@ class TokenConstraint {
   // Consumes `bytes` in kActive; handles completion and dead states.
   void Feed(std::string_view bytes);
   void Complete(std::string_view rest);  // the grammar completed; `rest` of the token is free text
-  void Free();
+  void Activate(std::string_view text);  // the grammar starts and consumes `text`
   bool lazy() const { return !opts_.triggers.empty() || !opts_.start_triggers.empty(); }
   // kFree: scans window_ + text for a trigger; activates at the first one.
   void Watch(std::string_view text);

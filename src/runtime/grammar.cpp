@@ -57,6 +57,12 @@ bool IsPlainStringText(std::string_view piece) {
 }
 }  // namespace
 
+ByteSet JsonSimpleEscapes() {
+  ByteSet s;
+  for (char c : std::string_view("\"\\/bfnrt")) s.set(static_cast<uint8_t>(c));
+  return s;
+}
+
 // ---- Builder ----
 
 GrammarBuilder::GrammarBuilder() {
@@ -112,8 +118,7 @@ GrammarBuilder::Expr GrammarBuilder::Utf8NonAscii() {
 }
 
 GrammarBuilder::Expr GrammarBuilder::JsonStringBody() {
-  ByteSet simple;
-  for (char c : std::string_view("\"\\/bfnrt")) simple.set(static_cast<uint8_t>(c));
+  const ByteSet simple = JsonSimpleEscapes();
   ByteSet hex;
   for (char c : std::string_view("0123456789abcdefABCDEF")) hex.set(static_cast<uint8_t>(c));
   const Expr escape = Seq({Byte('\\'), Alt({Bytes(simple), Seq({Byte('u'), Repeat(Bytes(hex), 4, 4)})})});

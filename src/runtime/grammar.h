@@ -35,6 +35,9 @@ namespace mr {
 
 using ByteSet = std::bitset<256>;
 
+// The bytes that may follow a backslash in a JSON string as a one-byte escape (" \\ / b f n r t).
+ByteSet JsonSimpleEscapes();
+
 class Grammar;
 
 // Builds a grammar from expressions. An expression is a list of alternatives, each a sequence

@@ -17,13 +17,6 @@ constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxUnrolledItems = 64;
 constexpr int64_t kMaxUnrolledChars = 256;
 
-// Bytes allowed after a backslash in a bounded string (\uXXXX is left to unbounded strings).
-ByteSet Escapable() {
-  ByteSet s;
-  for (char c : std::string_view("\"\\/bfnrt")) s.set(static_cast<uint8_t>(c));
-  return s;
-}
-
 const std::set<std::string>& Annotations() {
   static const std::set<std::string> k = {"title",
                                           "description",
@@ -226,7 +219,10 @@ class Compiler {
                                  " are not supported in strict mode");
         return String();
       }
-      const Expr ch = b_.Alt({b_.StringChar(), b_.Seq({b_.Literal("\\"), b_.Bytes(Escapable())}), b_.Utf8NonAscii()});
+      const Expr ch =
+          b_.Alt({b_.StringChar(),
+                  b_.Seq({b_.Literal("\\"), b_.Bytes(JsonSimpleEscapes()) /* no \\uXXXX in bounded strings */}),
+                  b_.Utf8NonAscii()});
       const Expr body = hi < 0 ? b_.Seq({b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(lo)), b_.Star(ch)})
                                : b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(hi));
       return b_.Seq({b_.Literal("\""), body, b_.Literal("\"")});

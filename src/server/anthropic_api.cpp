@@ -143,11 +143,6 @@ std::optional<ApiError> ToolResultText(const ServedModel& sm, const Json& c, con
       if (!out->empty()) *out += "\n";
       *out += ToolReferencesText(search, names);
     } else if (type == "document") {
-      if (b.contains("citations") && b["citations"].is_object() && b["citations"].contains("enabled") &&
-          b["citations"]["enabled"] == true)
-        return InvalidRequest(w +
-                              ".citations: citations are not supported by this server; send the document without "
-                              "\"citations\"");
       Result<std::string> doc = DocumentText(b, w);
       if (!doc.ok()) return InvalidRequest(doc.status().message());
       if (!out->empty()) *out += "\n";
@@ -267,14 +262,6 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, c
       } else if (type == "image") {
         return TextOnly(sm, w);
       } else if (type == "document") {
-        const Json* cit = nullptr;
-        if (auto e = OptObject(b, "citations", w, &cit)) return e;
-        bool cite = false;
-        if (cit != nullptr)
-          if (auto e = OptBool(*cit, "enabled", w + ".citations", &cite)) return e;
-        if (cite)
-          return InvalidRequest(
-              w + ".citations: citations are not supported by this server; send the document without \"citations\"");
         Result<std::string> doc = DocumentText(b, w);
         if (!doc.ok()) return InvalidRequest(doc.status().message());
         AppendPara(&msg.content, *doc);

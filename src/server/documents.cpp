@@ -91,6 +91,16 @@ Result<std::vector<PdfPage>> PdfPages(std::string_view bytes) {
 }
 
 Result<std::string> DocumentText(const Json& b, const std::string& where) {
+  if (b.contains("citations") && !b["citations"].is_null()) {
+    const Json& c = b["citations"];
+    if (!c.is_object()) return InvalidArgument(where + ".citations: expected an object");
+    if (c.contains("enabled") && !c["enabled"].is_null() && !c["enabled"].is_boolean())
+      return InvalidArgument(where + ".citations.enabled: expected a boolean");
+    if (c.contains("enabled") && c["enabled"] == true)
+      return InvalidArgument(where +
+                             ".citations: citations are not supported by this server; send the document without "
+                             "\"citations\"");
+  }
   const Json src = b.contains("source") ? b["source"] : Json();
   const std::string type = src.is_object() ? StringField(src, "type") : "";
   std::string body;

@@ -29,7 +29,7 @@ Result<std::vector<PdfPage>> PdfPages(std::string_view pdf_bytes);
 // Strict base64 (RFC 4648, padding required, no whitespace).
 Result<std::string> DecodeBase64(std::string_view s);
 
-// The prompt text of one document block (`where` names it in errors).
+// The prompt text of one document block (`where` names it in errors). Citations are refused.
 Result<std::string> DocumentText(const nlohmann::ordered_json& block, const std::string& where);
 
 }  // namespace mr::server

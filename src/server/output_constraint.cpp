@@ -45,17 +45,23 @@ class GrammarCache {
   std::unordered_map<std::string, std::pair<std::shared_ptr<const Grammar>, std::list<std::string>::iterator>> map_;
 };
 
+// One tool's arguments: its schema; outside the supported subset, an error for a strict or
+// forced tool, else any JSON object.
+Result<Expr> ToolArgs(GrammarBuilder& b, const ChatTool& t, size_t index, bool forced) {
+  Result<Expr> args = JsonSchemaExpr(b, t.parameters, {t.strict});
+  if (args.ok()) return args;
+  if (t.strict || forced)
+    return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + t.name +
+                           "\") input_schema: " + args.status().message());
+  MR_LOGD("server", "tool \"%s\": %s; its arguments are constrained to any JSON object", t.name.c_str(),
+          args.status().message().c_str());
+  return JsonAnyObject(b);
+}
+
 // One tool's `NAME", "arguments": ARGS}` (what follows the name prefix).
 Result<Expr> ToolBody(GrammarBuilder& b, const ToolCallMarkup& m, const ChatTool& t, size_t index, bool forced) {
-  Result<Expr> args = JsonSchemaExpr(b, t.parameters, {t.strict});
-  if (!args.ok()) {
-    if (t.strict || forced)
-      return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + t.name +
-                             "\") input_schema: " + args.status().message());
-    MR_LOGD("server", "tool \"%s\": %s; its arguments are constrained to any JSON object", t.name.c_str(),
-            args.status().message().c_str());
-    args = JsonAnyObject(b);
-  }
+  Result<Expr> args = ToolArgs(b, t, index, forced);
+  if (!args.ok()) return args;
   return b.Seq({b.Literal(t.name + m.arguments_prefix), *args, b.Literal(m.end)});
 }
 
@@ -121,10 +127,8 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
       for (size_t i = 0; i < req.tools.size(); ++i)
         if (req.tools[i].name == req.forced_tool) tool = &req.tools[index = i];
       if (tool == nullptr) return InvalidArgument("tool_choice: no tool named \"" + req.forced_tool + "\"");
-      Result<Expr> args = JsonSchemaExpr(b, tool->parameters, {tool->strict});
-      if (!args.ok())
-        return InvalidArgument("tools[" + std::to_string(index) + "] (\"" + tool->name +
-                               "\") input_schema: " + args.status().message());
+      Result<Expr> args = ToolArgs(b, *tool, index, /*forced=*/true);
+      if (!args.ok()) return args.status();
       root = b.Seq({*args, b.Literal(m.end), b.Opt(b.Literal("\n")), b.Literal(m.close)});
     } else if (forced) {
       // The prompt ends with `OPEN\n{"name": "`.
