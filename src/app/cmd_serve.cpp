@@ -41,6 +41,9 @@ int CmdServe(const Args& args) {
   std::vector<std::string> allow_hosts, allow_origins;
   int max_queue = 16, max_active = 8;
   long long max_queued_tokens = 1048576, step_rows = 64, prefill_chunk = 256, prefix_cache_mb = 1024;
+  std::string cache_dir = (std::filesystem::path(model::MererunHome()) / "kv-cache").string();
+  long long cache_disk_mb = 4096;
+  double cache_ttl_5m = 300, cache_ttl_1h = 3600;
   bool no_warmup = false;
   long long max_body = 33554432, max_output = 0;
   float temp = 0;  // default temperature for requests without one (model default when not given)
@@ -63,6 +66,17 @@ int CmdServe(const Args& args) {
   app.add_option("--prefill-chunk", prefill_chunk, "prompt rows per prefill chunk")->check(AtLeast(1LL));
   app.add_option("--prefix-cache-mb", prefix_cache_mb, "prefix cache budget in MiB (0: off)")
       ->check(InRange(0LL, 1LL << 30));
+  app.add_option("--cache-dir", cache_dir, "disk tier of the prefix cache: KV blocks kept across restarts")
+      ->capture_default_str();
+  app.add_option("--cache-disk-mb", cache_disk_mb, "disk tier budget in MiB (0: no disk tier)")
+      ->check(AtLeast(0LL))
+      ->capture_default_str();
+  app.add_option("--cache-ttl-5m", cache_ttl_5m, "seconds a \"5m\" cached prefix lives after its last use")
+      ->check(InRange(1.0, 86400.0 * 30))
+      ->capture_default_str();
+  app.add_option("--cache-ttl-1h", cache_ttl_1h, "seconds a \"1h\" cached prefix lives after its last use")
+      ->check(InRange(1.0, 86400.0 * 30))
+      ->capture_default_str();
   app.add_flag("--no-warmup", no_warmup, "skip the warm-up generation before the port opens");
   app.add_option("--max-body-bytes", max_body, "largest request body")->check(AtLeast(1024LL));
   app.add_option("--max-connections", sopts.max_connections, "open connections; one more gets an immediate 503")
@@ -173,6 +187,10 @@ int CmdServe(const Args& args) {
   eopts.step_rows = step_rows;
   eopts.prefill_chunk = prefill_chunk;
   eopts.prefix_cache_bytes = static_cast<size_t>(prefix_cache_mb) << 20;
+  eopts.cache_dir = cache_dir;
+  eopts.cache_disk_bytes = static_cast<size_t>(cache_disk_mb) << 20;
+  eopts.cache_ttl_s = cache_ttl_5m;
+  eopts.cache_long_ttl_s = std::max(cache_ttl_5m, cache_ttl_1h);
   eopts.warm_up = !no_warmup;
   if (spec.speculative()) {
     eopts.make_drafter = [&spec, &model, &draft_model, &margs, n_ctx]() -> Result<std::unique_ptr<Drafter>> {

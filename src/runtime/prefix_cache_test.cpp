@@ -4,11 +4,15 @@
 #include "runtime/prefix_cache.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "model/test_models.h"
+#include "runtime/kv_disk_cache.h"
 
 namespace mr {
 namespace {
@@ -129,6 +133,216 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesWithinTheBudget) {
   EXPECT_EQ(tiny.bytes(), 0u);
 }
 
+// A test clock (seconds) for lifetimes.
+struct FakeClock {
+  double t = 1000.0;
+  std::function<double()> fn() {
+    return [this] { return t; };
+  }
+};
+
+TEST(PrefixCache, BlocksExpireAfterTheirLifetimeAndHitsRefreshIt) {
+  FakeClock clock;
+  auto o = Opts(100);
+  o.ttl_s = 300;
+  o.long_ttl_s = 3600;
+  o.clock = clock.fn();
+  PrefixCache pc(1, kLayers, kDim, o);
+  const auto a = Seq(0, 24);
+  pc.Store(a, 24, Fill(a));
+  clock.t += 299;
+  EXPECT_EQ(pc.Match(a, 100), 24);
+  KvCache kv = Fill({});
+  EXPECT_EQ(pc.Restore(a, 100, 0, kv), 24);  // refreshed: lives until t0 + 299 + 300
+  clock.t += 299;
+  EXPECT_EQ(pc.Match(a, 100), 24);
+  EXPECT_EQ(pc.Expire(), 0);
+  clock.t += 2;  // 301 s after the last use
+  EXPECT_EQ(pc.Match(a, 100), 0);
+  KvCache kv2 = Fill({});
+  EXPECT_EQ(pc.Restore(a, 100, 0, kv2), 0);
+  EXPECT_EQ(kv2.n_past, 0);
+  EXPECT_EQ(pc.blocks(), 0);  // dropped, memory returned
+  EXPECT_EQ(pc.bytes(), 0u);
+  EXPECT_EQ(pc.stats().expired_blocks, 3);
+}
+
+TEST(PrefixCache, KeepLongGivesAPrefixTheLongLifetime) {
+  FakeClock clock;
+  auto o = Opts(100);
+  o.ttl_s = 300;
+  o.long_ttl_s = 3600;
+  o.clock = clock.fn();
+  PrefixCache pc(1, kLayers, kDim, o);
+  const auto a = Seq(0, 32);
+  pc.Store(a, 32, Fill(a));
+  pc.KeepLong(a, 16);  // the first two blocks (e.g. up to a 1h breakpoint)
+  clock.t += 1000;
+  EXPECT_EQ(pc.Match(a, 100), 16);  // the short-lived rest is gone
+  clock.t += 2599;
+  EXPECT_EQ(pc.Match(a, 100), 16);
+  clock.t += 2;
+  EXPECT_EQ(pc.Match(a, 100), 0);
+}
+
+TEST(PrefixCache, UnderPressureShortLivedBlocksGoBeforeLongLivedOnes) {
+  FakeClock clock;
+  auto o = Opts(4);
+  o.clock = clock.fn();
+  PrefixCache pc(1, kLayers, kDim, o);
+  const auto a = Seq(0, 16), b = Seq(1000, 16), c = Seq(2000, 16);
+  pc.Store(a, 16, Fill(a));
+  pc.KeepLong(a, 16);
+  clock.t += 1;
+  pc.Store(b, 16, Fill(b));  // more recent than a, but short-lived
+  clock.t += 1;
+  pc.Store(c, 16, Fill(c));
+  EXPECT_EQ(pc.Match(a, 100), 16);
+  EXPECT_EQ(pc.Match(c, 100), 16);
+  EXPECT_EQ(pc.Match(b, 100), 0);
+  // Expired blocks go before anything live, whatever their class.
+  clock.t += 301;  // b and c expired; a (1h) lives
+  const auto d = Seq(3000, 8);
+  pc.Store(d, 8, Fill(d));
+  EXPECT_EQ(pc.Match(a, 100), 16);
+  EXPECT_EQ(pc.Match(d, 100), 8);
+}
+
+// A fresh directory under the test's temporary directory, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("mererun-kvdisk-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  static inline int counter = 0;
+};
+
+std::unique_ptr<KvDiskCache> OpenDisk(const TempDir& dir, uint64_t key, size_t budget = size_t{1} << 30) {
+  KvDiskCache::Options o;
+  o.dir = dir.path.string();
+  o.byte_budget = budget;
+  auto d = KvDiskCache::Open(o, {key, kLayers, kDim, kBlock});
+  EXPECT_TRUE(d.ok()) << d.status().message();
+  return d.ok() ? std::move(d).value() : nullptr;
+}
+
+std::vector<std::filesystem::path> BlockFiles(const TempDir& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+    if (e.is_regular_file() && e.path().extension() == ".kvb") out.push_back(e.path());
+  return out;
+}
+
+TEST(KvDiskCache, BlocksSurviveARestartOfTheMemoryTier) {
+  TempDir dir;
+  const auto a = Seq(100, 28);
+  {
+    auto disk = OpenDisk(dir, 42);
+    auto o = Opts(100);
+    o.disk = disk.get();
+    PrefixCache pc(42, kLayers, kDim, o);
+    pc.Store(a, 28, Fill(a));
+    disk->Flush();
+    EXPECT_EQ(disk->stats().written, 3);
+    EXPECT_EQ(disk->stats().files, 3);
+  }
+  EXPECT_EQ(BlockFiles(dir).size(), 3u);
+  // A new process: empty memory, the same directory.
+  auto disk = OpenDisk(dir, 42);
+  EXPECT_EQ(disk->stats().files, 3);
+  auto o = Opts(100);
+  o.disk = disk.get();
+  PrefixCache pc(42, kLayers, kDim, o);
+  EXPECT_EQ(pc.Match(a, 100), 24);
+  KvCache kv = Fill({});
+  EXPECT_EQ(pc.Restore(a, 100, 0, kv), 24);
+  EXPECT_TRUE(RowsEqual(kv, Fill(a), 0, 24));
+  EXPECT_EQ(pc.stats().disk_tokens, 24);
+  EXPECT_EQ(disk->stats().loaded, 3);
+  EXPECT_EQ(pc.blocks(), 3);  // now in memory too
+  // Another configuration in the same directory sees none of it.
+  auto other_disk = OpenDisk(dir, 43);
+  auto o2 = Opts(100);
+  o2.disk = other_disk.get();
+  PrefixCache other(43, kLayers, kDim, o2);
+  KvCache kv2 = Fill({});
+  EXPECT_EQ(other.Restore(a, 100, 0, kv2), 0);
+}
+
+TEST(KvDiskCache, ACorruptedOrTruncatedFileIsRejectedRemovedAndRecomputed) {
+  TempDir dir;
+  const auto a = Seq(7, 24);
+  {
+    auto disk = OpenDisk(dir, 5);
+    auto o = Opts(100);
+    o.disk = disk.get();
+    PrefixCache pc(5, kLayers, kDim, o);
+    pc.Store(a, 24, Fill(a));
+  }  // the destructor writes what is queued
+  auto files = BlockFiles(dir);
+  ASSERT_EQ(files.size(), 3u);
+  std::sort(files.begin(), files.end());
+  // Flip one KV byte in one file, truncate another.
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    f.seekp(-3, std::ios::end);
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  std::filesystem::resize_file(files[1], std::filesystem::file_size(files[1]) - 1);
+  auto disk = OpenDisk(dir, 5);
+  auto o = Opts(100);
+  o.disk = disk.get();
+  PrefixCache pc(5, kLayers, kDim, o);
+  KvCache kv = Fill({});
+  const int64_t got = pc.Restore(a, 100, 0, kv);
+  EXPECT_LT(got, 24);
+  EXPECT_TRUE(RowsEqual(kv, Fill(a), 0, got));  // what was restored is right
+  EXPECT_GE(disk->stats().rejected, 1);
+  EXPECT_FALSE(std::filesystem::exists(files[0]) && std::filesystem::exists(files[1]));
+  // Stored again after recomputation, the chain is whole on disk.
+  pc.Store(a, 24, Fill(a));
+  disk->Flush();
+  EXPECT_EQ(BlockFiles(dir).size(), 3u);
+  // A temporary file left by a crash is not a block; an old one is removed at open.
+  std::ofstream(disk->dir() + "/.0000000000000001.1.1.tmp") << "partial";
+  std::filesystem::last_write_time(disk->dir() + "/.0000000000000001.1.1.tmp",
+                                   std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  auto disk2 = OpenDisk(dir, 5);
+  EXPECT_EQ(disk2->stats().files, 3);
+  EXPECT_FALSE(std::filesystem::exists(disk->dir() + "/.0000000000000001.1.1.tmp"));
+}
+
+TEST(KvDiskCache, StaysWithinItsByteBudgetDroppingTheLeastRecentlyUsedFiles) {
+  TempDir dir;
+  const size_t file_bytes = 64 + kBlock * sizeof(TokenId) + kLayers * 2 * kBlock * kDim * sizeof(uint16_t);
+  auto disk = OpenDisk(dir, 9, 3 * file_bytes);
+  auto o = Opts(100);
+  o.disk = disk.get();
+  PrefixCache pc(9, kLayers, kDim, o);
+  const auto a = Seq(0, 16), b = Seq(500, 16);
+  pc.Store(a, 16, Fill(a));
+  disk->Flush();
+  pc.Store(b, 16, Fill(b));
+  disk->Flush();
+  const auto st = disk->stats();
+  EXPECT_EQ(st.files, 3);
+  EXPECT_LE(st.bytes, 3 * file_bytes);
+  EXPECT_EQ(st.evicted, 1);
+  EXPECT_EQ(BlockFiles(dir).size(), 3u);
+  // Reopened with a smaller budget: trimmed at once.
+  disk.reset();
+  auto small = OpenDisk(dir, 9, file_bytes);
+  EXPECT_EQ(small->stats().files, 1);
+  EXPECT_EQ(BlockFiles(dir).size(), 1u);
+}
+
 TEST(PrefixCache, RestoredKvContinuesLikeAColdPrefillOnARealModel) {
   auto m = LoadPulledModel(kSmolLM2File);
   ASSERT_TRUE(m.ok()) << m.status().message();
@@ -145,12 +359,27 @@ TEST(PrefixCache, RestoredKvContinuesLikeAColdPrefillOnARealModel) {
   KvCache kv = model.NewKvCache(256);
   ASSERT_TRUE(model.Forward(kv, prompt.data(), n, false, cold.data()).ok());
 
+  // Through the disk tier: stored by one cache, restored by a fresh one reading the files.
+  TempDir dir;
+  KvDiskCache::Options dopts;
+  dopts.dir = dir.path.string();
+  const KvDiskCache::Layout layout{7, model.config().n_layer, kv.kv_dim, 16};
   PrefixCache::Options o;
   o.block_tokens = 16;
+  {
+    auto disk = KvDiskCache::Open(dopts, layout);
+    ASSERT_TRUE(disk.ok()) << disk.status().message();
+    o.disk = disk->get();
+    PrefixCache pc(7, model.config().n_layer, kv.kv_dim, o);
+    pc.Store(prompt, n, kv);
+  }
+  auto disk = KvDiskCache::Open(dopts, layout);
+  ASSERT_TRUE(disk.ok()) << disk.status().message();
+  o.disk = disk->get();
   PrefixCache pc(7, model.config().n_layer, kv.kv_dim, o);
-  pc.Store(prompt, n, kv);
   KvCache kv2 = model.NewKvCache(256);
   const int64_t got = pc.Restore(prompt, n - 1, 0, kv2);
+  EXPECT_EQ(pc.stats().disk_tokens, got);
   EXPECT_EQ(got, (n - 1) / 16 * 16);
   ASSERT_TRUE(model.Forward(kv2, prompt.data() + got, n - got, false, warm.data()).ok());
   float max_diff = 0;

@@ -362,11 +362,14 @@ std::optional<ApiError> ParseMessages(const Json& msgs, const ServedModel& sm, c
   return std::nullopt;
 }
 
+// Adaptive thinking's reasoning budget per output_config.effort (absent: "high", Anthropic's
+// default effort). The model may close its reasoning sooner; the budget is the most it gets.
 int64_t EffortBudget(const std::string& effort) {
-  if (effort == "high") return 1024;
+  if (effort == "low") return 128;
+  if (effort == "medium") return 256;
   if (effort == "xhigh") return 2048;
   if (effort == "max") return 4096;
-  return 0;  // low, medium: answer directly
+  return 1024;  // "high" or absent
 }
 
 // {"type": TYPE, "value": N} with TYPE one of `types`; *out = N.
@@ -607,7 +610,10 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       if (max_tokens > 0 && budget >= max_tokens)
         return InvalidRequest("max_tokens must be greater than thinking.budget_tokens");
     } else if (type == "adaptive") {
+      // At most half of max_tokens, so an answer has room; too little to reason in: none.
       budget = EffortBudget(effort);
+      if (max_tokens > 0) budget = std::min<int64_t>(budget, max_tokens / 2);
+      if (budget < 16) budget = 0;
     } else if (type != "disabled") {
       return InvalidRequest("thinking.type: expected \"enabled\", \"adaptive\" or \"disabled\"");
     }

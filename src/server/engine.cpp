@@ -1,5 +1,7 @@
 #include "server/engine.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -8,6 +10,7 @@
 #include "base/log.h"
 #include "model/gguf.h"
 #include "runtime/generator.h"
+#include "runtime/kv_disk_cache.h"
 #include "runtime/prefix_cache.h"
 
 namespace mr::server {
@@ -35,6 +38,18 @@ uint64_t CacheConfigKey(const Model& m) {
   return h;
 }
 
+// The disk tier's key adds what tells this file from another that has the same path and size
+// later (the modification time), since its blocks outlive the process.
+uint64_t DiskConfigKey(const Model& m) {
+  uint64_t h = CacheConfigKey(m);
+  struct stat st {};
+  if (::stat(m.file().path().c_str(), &st) == 0) {
+    h ^= static_cast<uint64_t>(st.st_mtim.tv_sec) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ static_cast<uint64_t>(st.st_mtim.tv_nsec)) * 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
 }  // namespace
 
 const char* EngineStateName(EngineState s) {
@@ -58,6 +73,7 @@ struct Engine::Impl {
     std::unique_ptr<Drafter> drafter;  // null: plain decoding
     std::shared_ptr<EngineJob> job;    // null: free
     sched::SeqId id = 0;
+    Clock::time_point idle_until;  // free: its KV counts as cached until then (a lifetime)
     Clock::time_point submitted, last_token;
     bool got_token = false;
   };
@@ -84,8 +100,27 @@ struct Engine::Impl {
     if (o.prefix_cache_bytes > 0) {
       PrefixCache::Options po;
       po.byte_budget = o.prefix_cache_bytes;
+      po.ttl_s = o.cache_ttl_s;
+      po.long_ttl_s = o.cache_long_ttl_s;
       const ModelConfig& c = m.config();
-      cache = std::make_unique<PrefixCache>(CacheConfigKey(m), c.n_layer, c.n_head_kv * c.head_dim, po);
+      const int64_t kv_dim = c.n_head_kv * c.head_dim;
+      if (!o.cache_dir.empty() && o.cache_disk_bytes > 0) {
+        KvDiskCache::Options dopts;
+        dopts.dir = o.cache_dir;
+        dopts.byte_budget = o.cache_disk_bytes;
+        auto d = KvDiskCache::Open(dopts, {DiskConfigKey(m), c.n_layer, kv_dim, po.block_tokens});
+        if (d.ok()) {
+          disk = std::move(d).value();
+          const KvDiskCache::Stats ds = disk->stats();
+          MR_LOGI("engine", "KV disk cache %s: %lld files, %.1f MiB (bound %.0f MiB)", disk->dir().c_str(),
+                  (long long)ds.files, ds.bytes / 1048576.0, o.cache_disk_bytes / 1048576.0);
+        } else {
+          MR_LOGE("engine", "no KV disk cache (prefixes are not kept across restarts): %s",
+                  d.status().message().c_str());
+        }
+      }
+      po.disk = disk.get();
+      cache = std::make_unique<PrefixCache>(CacheConfigKey(m), c.n_layer, kv_dim, po);
     }
   }
 
@@ -105,6 +140,8 @@ struct Engine::Impl {
   bool OnToken(Slot& s, TokenId t);
   // The prompt and prompt-caching counts of a job whose prompt has `reused_tokens` cached.
   static JobResult CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens);
+  // The end of the job's prompt prefix under a 1h cache breakpoint (0: none).
+  static int64_t LongUntil(const EngineJob& job);
   void Publish();  // refresh the gauges Status() reads
   // Prefill rows per step that take about kPrefillStepS at `tps` rows/s, within
   // [64, --prefill-chunk]: a step ends (and a cancelled sequence is released) well under 1 s on
@@ -119,7 +156,12 @@ struct Engine::Impl {
   Model& model;
   const EngineOptions opts;
   ServerMetrics* metrics;
-  std::unique_ptr<PrefixCache> cache;        // engine thread
+  std::unique_ptr<KvDiskCache> disk;    // the cache's disk tier (outlives it)
+  std::unique_ptr<PrefixCache> cache;   // engine thread
+  Clock::time_point next_expiry_check;  // engine thread
+  // Drops what outlived its lifetime: expired prefix-cache blocks and the KV of slots idle past
+  // their job's lifetime. Engine thread; at most once a second unless `now_or_never`.
+  void ExpireCached(bool force);
   std::vector<std::unique_ptr<Slot>> slots;  // engine thread; created on demand, up to max_active
   std::vector<Model::BatchSeq> batch;
   std::vector<Entry> entries;
@@ -138,8 +180,8 @@ struct Engine::Impl {
   sched::SeqId next_id = 1;
   EngineState state = EngineState::kLoading;
   std::deque<std::pair<Clock::time_point, int64_t>> token_window;  // (step end, tokens generated)
-  size_t cache_bytes = 0, kv_bytes = 0;
-  int64_t cache_blocks = 0;
+  size_t cache_bytes = 0, kv_bytes = 0, disk_bytes = 0;
+  int64_t cache_blocks = 0, disk_files = 0;
   std::thread thread;
   // AbortAll's request to the engine thread (under mu), and its answer.
   bool abort = false;
@@ -266,6 +308,8 @@ EngineStatus Engine::Status() const {
   }
   s.prefix_cache_bytes = im.cache_bytes;
   s.prefix_cache_blocks = im.cache_blocks;
+  s.disk_cache_bytes = im.disk_bytes;
+  s.disk_cache_files = im.disk_files;
   s.kv_bytes_in_use = im.kv_bytes;
   return s;
 }
@@ -310,6 +354,7 @@ Engine::Impl::Slot* Engine::Impl::SlotOf(sched::SeqId id) {
 Engine::Impl::Slot* Engine::Impl::TakeSlot(const std::vector<TokenId>& prompt) {
   // The free slot whose cache shares the longest prefix with the prompt; a new slot only when
   // no free one shares anything and there is room.
+  ExpireCached(true);
   Slot* best = nullptr;
   size_t best_len = 0;
   for (auto& s : slots) {
@@ -359,6 +404,7 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   }
   mr::Status st = s->seq.Start(s->job->prompt, params, cache.get());
   if (!st.ok()) return Finish(*s, st, false);
+  if (cache) cache->KeepLong(s->job->prompt, LongUntil(*s->job));  // a hit under a 1h breakpoint
   {
     std::lock_guard<std::mutex> lock(mu);
     sched.Prefilled(id, s->seq.stats().reused_tokens);
@@ -366,6 +412,13 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   }
   if (s->job->on_start)
     s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
+}
+
+int64_t Engine::Impl::LongUntil(const EngineJob& job) {
+  int64_t end = 0;
+  for (const CacheBreakpoint& b : job.cache_breakpoints)
+    if (b.one_hour) end = std::max(end, std::min<int64_t>(b.end, static_cast<int64_t>(job.prompt.size())));
+  return end;
 }
 
 JobResult Engine::Impl::CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens) {
@@ -407,6 +460,10 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
   const bool cancelled = job->cancelled.load() || st.stop == StopCause::kCancelled;
   if (error.ok() && !cancelled) s.seq.StoreInCache();
   if (release || !error.ok()) s.seq.ReleaseCache();
+  const int64_t long_until = LongUntil(*job);
+  if (cache) cache->KeepLong(job->prompt, long_until);
+  s.idle_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                    long_until > 0 ? opts.cache_long_ttl_s : opts.cache_ttl_s));
   {
     std::lock_guard<std::mutex> lock(mu);
     sched.Finish(s.id);
@@ -562,6 +619,24 @@ void Engine::Impl::Publish() {
   kv_bytes = kv;
   cache_bytes = cache ? cache->bytes() : 0;
   cache_blocks = cache ? cache->blocks() : 0;
+  if (disk) {
+    const KvDiskCache::Stats ds = disk->stats();
+    disk_bytes = ds.bytes;
+    disk_files = ds.files;
+  }
+}
+
+void Engine::Impl::ExpireCached(bool force) {
+  const auto now = Clock::now();
+  if (!force && now < next_expiry_check) return;
+  next_expiry_check = now + std::chrono::seconds(1);
+  bool changed = cache && cache->Expire() > 0;
+  for (auto& s : slots) {
+    if (s->job || s->seq.cached_tokens().empty() || now < s->idle_until) continue;
+    s->seq.ReleaseCache();
+    changed = true;
+  }
+  if (changed) Publish();
 }
 
 void Engine::Impl::Loop() {
@@ -594,7 +669,11 @@ void Engine::Impl::Loop() {
         aborted_cv.notify_all();
         continue;
       }
-      if (sched.active() == 0 && sched.queued() == 0) continue;
+      if (sched.active() == 0 && sched.queued() == 0) {
+        lock.unlock();
+        ExpireCached(false);
+        continue;
+      }
       // Cancelled while queued: out of the queue at once. Active: dropped by this plan.
       for (auto it = queued.begin(); it != queued.end();) {
         if (it->second.job->cancelled && sched.Cancel(it->first)) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -92,6 +93,14 @@ struct EngineOptions {
   int64_t step_rows = 64;                       // rows per engine step, all sequences together
   int64_t prefill_chunk = 256;                  // rows one sequence prefills per step (cancellation point)
   size_t prefix_cache_bytes = size_t{1} << 30;  // 0: no prefix cache
+  // Lifetimes of cached prefixes (memory tier and the KV an idle slot keeps): "5m" and "1h"
+  // (Anthropic's cache_control ttl), refreshed on each use.
+  double cache_ttl_s = 300.0;
+  double cache_long_ttl_s = 3600.0;
+  // The prefix cache's disk tier (runtime/kv_disk_cache.h): empty dir or 0 bytes: none. If the
+  // directory cannot be used the engine logs why and runs without it.
+  std::string cache_dir;
+  size_t cache_disk_bytes = 0;
   // One short sampled generation (drafting when speculation is on) before accepting requests;
   // until it ends the engine is `loading` (/health 503, requests 529). At most warm_up_s, and it
   // ends early when a drain starts (SIGTERM during start-up).
@@ -121,6 +130,8 @@ struct EngineStatus {
   double decode_tokens_per_s = 0.0;  // over the last ~10 s
   size_t prefix_cache_bytes = 0;
   int64_t prefix_cache_blocks = 0;
+  size_t disk_cache_bytes = 0;  // block files of the disk tier (0: none)
+  int64_t disk_cache_files = 0;
   size_t kv_bytes_in_use = 0;  // KV rows held by active sequences
 };
 const char* EngineStateName(EngineState s);

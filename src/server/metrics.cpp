@@ -131,6 +131,10 @@ std::string RenderPrometheus(const ServerMetrics& m, const EngineStatus& e) {
   w.Gauge("mererun_prefix_cache_bytes", "Bytes held by the prefix cache.", static_cast<double>(e.prefix_cache_bytes));
   w.Gauge("mererun_prefix_cache_blocks", "Blocks held by the prefix cache.",
           static_cast<double>(e.prefix_cache_blocks));
+  w.Gauge("mererun_disk_cache_bytes", "Bytes of KV block files in the prefix cache's disk tier.",
+          static_cast<double>(e.disk_cache_bytes));
+  w.Gauge("mererun_disk_cache_files", "KV block files in the prefix cache's disk tier.",
+          static_cast<double>(e.disk_cache_files));
   w.Gauge("mererun_kv_bytes_in_use", "KV bytes held by active sequences.", static_cast<double>(e.kv_bytes_in_use));
   w.Gauge("mererun_ready", "1 when the engine accepts requests.", e.state == EngineState::kReady ? 1 : 0);
   w.Gauge("mererun_resident_memory_bytes", "Resident set size of the process.", static_cast<double>(ResidentBytes()));

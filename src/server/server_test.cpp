@@ -321,6 +321,40 @@ std::optional<ApiError> ParseA(const std::string& body, ChatRequest* req = nullp
   return ParseAnthropicRequest(Json::parse(body), FakeServed(), false, req ? req : &r, o ? o : &opts);
 }
 
+TEST(AnthropicParse, AdaptiveThinkingBudgetGrowsWithEffort) {
+  const std::pair<const char*, int64_t> want[] = {{"low", 128},    {"medium", 256}, {"high", 1024},
+                                                  {"xhigh", 2048}, {"max", 4096},   {nullptr, 1024}};
+  for (const auto& [effort, budget] : want) {
+    Json body = Json::parse(R"({"model": "m", "max_tokens": 10000, "thinking": {"type": "adaptive"},
+      "messages": [{"role": "user", "content": "hi"}]})");
+    if (effort != nullptr) body["output_config"] = {{"effort", effort}};
+    ChatRequest req;
+    AnthropicOptions o;
+    const auto e = ParseA(body.dump(), &req, &o);
+    ASSERT_FALSE(e.has_value()) << e->message;
+    EXPECT_EQ(req.thinking_budget, budget) << (effort ? effort : "(absent)");
+    // Without adaptive thinking the effort alone starts no reasoning.
+    body.erase("thinking");
+    ChatRequest plain;
+    ASSERT_FALSE(ParseA(body.dump(), &plain, &o).has_value());
+    EXPECT_EQ(plain.thinking_budget, 0);
+  }
+  // At most half of max_tokens; under 16 tokens, none.
+  for (const auto& [max_tokens, budget] : {std::pair<int, int64_t>{600, 300}, {40, 20}, {30, 0}}) {
+    ChatRequest req;
+    AnthropicOptions o;
+    ASSERT_FALSE(ParseA(R"({"model": "m", "max_tokens": )" + std::to_string(max_tokens) +
+                            R"(, "thinking": {"type": "adaptive"}, "messages": [{"role": "user", "content": "hi"}]})",
+                        &req, &o)
+                     .has_value());
+    EXPECT_EQ(req.thinking_budget, budget) << max_tokens;
+  }
+  // An unknown effort is a 400 naming the field.
+  EXPECT_TRUE(ParseA(R"({"model": "m", "max_tokens": 8, "thinking": {"type": "adaptive"},
+    "output_config": {"effort": "extreme"}, "messages": [{"role": "user", "content": "hi"}]})")
+                  ->message.find("output_config.effort") != std::string::npos);
+}
+
 TEST(AnthropicParse, ClaudeCodeShapesAreAccepted) {
   ChatRequest req;
   AnthropicOptions o;
@@ -338,7 +372,7 @@ TEST(AnthropicParse, ClaudeCodeShapesAreAccepted) {
   ASSERT_FALSE(e.has_value()) << e->message;
   EXPECT_TRUE(o.stream);
   EXPECT_TRUE(o.thinking_omitted);
-  EXPECT_EQ(req.thinking_budget, 0);  // adaptive + medium: no reasoning section
+  EXPECT_EQ(req.thinking_budget, 256);  // adaptive + medium
   ASSERT_EQ(req.messages.size(), 3u);
   EXPECT_EQ(req.messages[0].content, "You are Claude Code.");
   EXPECT_EQ(req.messages[2].role, "system");

@@ -3,6 +3,7 @@ stderr kept in a log file (tests read it to see cancellations), stopped with SIG
 import json
 import os
 import re
+import shutil
 import urllib.error
 import urllib.request
 import subprocess
@@ -22,6 +23,12 @@ class ServerProcess:
         args = [str(a) for a in args]
         if "--drain-seconds" not in args:  # stop() sends SIGTERM: don't wait long for stragglers
             args += ["--drain-seconds", "5"]
+        # The prefix cache's disk tier outlives a server: each server gets a directory of its own
+        # (removed at stop) unless the test shares one on purpose.
+        self._own_cache_dir = None
+        if "--cache-dir" not in args:
+            self._own_cache_dir = tempfile.mkdtemp(prefix="mererun-kv-")
+            args += ["--cache-dir", self._own_cache_dir]
         self.proc = subprocess.Popen([str(binary), "serve", "-m", model, "--port", "0", *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
         deadline = time.time() + startup_timeout
@@ -85,6 +92,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self._own_cache_dir:
+            shutil.rmtree(self._own_cache_dir, ignore_errors=True)
         # Under the ASan+UBSan build (MERERUN_BIN=build-asan/bin/mererun) a finding is printed
         # to the log: fail the test that started this server.
         log = self.log()
