@@ -9,13 +9,17 @@ constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL;
 constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
 constexpr uint64_t kP3 = 0x165667B19E3779F9ULL;
 
-uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+uint64_t Rotl(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
 uint64_t Load64(const unsigned char* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
   return v;  // little-endian hosts only (x86-64), as the files are
 }
-uint64_t Round(uint64_t acc, uint64_t v) { return Rotl(acc + v * kP2, 31) * kP1; }
+uint64_t Round(uint64_t acc, uint64_t v) {
+  return Rotl(acc + v * kP2, 31) * kP1;
+}
 uint64_t Avalanche(uint64_t h) {
   h ^= h >> 33;
   h *= kP2;

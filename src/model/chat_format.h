@@ -57,16 +57,20 @@ struct ToolCallMarkup {
   std::string name_prefix = "{\"name\": \"";             // before the tool's name
   std::string arguments_prefix = "\", \"arguments\": ";  // between the name and the arguments
   std::string end = "}";                                 // after the arguments
-  // The form small coder models fall back to: a fenced JSON block holding the same object.
-  std::string fence_open = "```json\n";
-  std::string fence_close = "```";
+  // Other wrappers small models put the same object in: a fenced JSON block (coder models), and
+  // the <tools></tools> tags the Hermes template wraps tool definitions in (Qwen2.5 copies them).
+  struct Wrapper {
+    std::string open, close;
+  };
+  std::vector<Wrapper> wrappers = {{"```json\n", "```"}, {"<tools>\n", "</tools>"}};
 };
 const ToolCallMarkup& ToolCallMarkupFor(ChatFamily family);
 
 // The family's prompted-reasoning convention (these models have no reasoning of their own: the
 // server asks for it in the system prompt and opens the section; every family here uses <think>).
 struct ReasoningMarkup {
-  std::string open = "<think>\n";        // the assistant turn starts with it when reasoning is on
+  std::string open_tag = "<think>";      // how the model itself opens a section (adaptive thinking)
+  std::string open = "<think>\n";        // the assistant turn starts with it when reasoning is prompted
   std::string end = "</think>";          // where the reasoning ends (what the output parser looks for)
   std::string close = "\n</think>\n\n";  // injected when the budget is spent; after replayed reasoning
   std::string instruction =              // appended to the system prompt

@@ -46,9 +46,12 @@ bool ParseHex16(const std::string& s, uint64_t* out) {
   uint64_t v = 0;
   for (char c : s) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = v << 4 | static_cast<uint64_t>(d);
   }
   *out = v;
@@ -126,7 +129,9 @@ size_t KvDiskCache::FileBytes() const {
              sizeof(uint16_t);
 }
 
-std::string KvDiskCache::PathOf(uint64_t hash) const { return config_dir_ + "/" + Hex16(hash) + kSuffix; }
+std::string KvDiskCache::PathOf(uint64_t hash) const {
+  return config_dir_ + "/" + Hex16(hash) + kSuffix;
+}
 
 Status KvDiskCache::Scan() {
   // Every configuration's block files, oldest use last; stale temporary files removed.

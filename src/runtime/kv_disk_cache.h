@@ -48,22 +48,22 @@ namespace mr {
 class KvDiskCache {
  public:
   struct Options {
-    std::string dir;                              // created if missing
-    size_t byte_budget = size_t{4} << 30;         // all block files under dir together
-    size_t max_pending_bytes = size_t{1} << 30;   // queued writes beyond this are dropped
+    std::string dir;                             // created if missing
+    size_t byte_budget = size_t{4} << 30;        // all block files under dir together
+    size_t max_pending_bytes = size_t{1} << 30;  // queued writes beyond this are dropped
   };
   struct Layout {
     uint64_t config_key = 0;
     int64_t n_layer = 0, kv_dim = 0, block_tokens = 0;
   };
   struct Stats {
-    int64_t loaded = 0;     // blocks read and verified
-    int64_t rejected = 0;   // files that failed verification (deleted)
-    int64_t written = 0;    // blocks written
-    int64_t failed = 0;     // writes that failed (disk full, permissions)
-    int64_t dropped = 0;    // saves refused because too much was queued
-    int64_t evicted = 0;    // files removed to stay within the budget
-    size_t bytes = 0;       // block files under dir, as far as this process knows
+    int64_t loaded = 0;    // blocks read and verified
+    int64_t rejected = 0;  // files that failed verification (deleted)
+    int64_t written = 0;   // blocks written
+    int64_t failed = 0;    // writes that failed (disk full, permissions)
+    int64_t dropped = 0;   // saves refused because too much was queued
+    int64_t evicted = 0;   // files removed to stay within the budget
+    size_t bytes = 0;      // block files under dir, as far as this process knows
     int64_t files = 0;
   };
 
@@ -112,9 +112,9 @@ class KvDiskCache {
   std::string config_dir_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;        // writer: work or stop
-  std::condition_variable idle_cv_;   // Flush: queue empty and nothing in flight
-  std::list<File> lru_;               // front: most recent
+  std::condition_variable cv_;       // writer: work or stop
+  std::condition_variable idle_cv_;  // Flush: queue empty and nothing in flight
+  std::list<File> lru_;              // front: most recent
   std::unordered_map<std::string, std::list<File>::iterator> by_path_;
   std::unordered_map<uint64_t, std::list<File>::iterator> ours_;
   std::deque<Pending> queue_;

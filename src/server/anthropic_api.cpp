@@ -597,6 +597,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   if (body.contains("output_format") && !body["output_format"].is_null())  // the beta's name for it
     if (auto e = ParseOutputFormat(body["output_format"], "output_format", req)) return e;
   int64_t budget = 0;
+  bool adaptive = false;
   if (body.contains("thinking") && !body["thinking"].is_null()) {
     const Json& th = body["thinking"];
     if (!th.is_object() || !th.contains("type") || !th["type"].is_string())
@@ -610,6 +611,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
       if (max_tokens > 0 && budget >= max_tokens)
         return InvalidRequest("max_tokens must be greater than thinking.budget_tokens");
     } else if (type == "adaptive") {
+      adaptive = true;
       // At most half of max_tokens, so an answer has room; too little to reason in: none.
       budget = EffortBudget(effort);
       if (max_tokens > 0) budget = std::min<int64_t>(budget, max_tokens / 2);
@@ -628,6 +630,7 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
                           "\" cannot be used with thinking; use \"auto\" or disable thinking");
   if (req->render.continue_final) budget = 0;  // a prefilled answer is continued as is
   req->thinking_budget = budget;
+  req->thinking_adaptive = adaptive;
 
   req->tool_choice = choice == "any"    ? ToolChoice::kAny
                      : choice == "tool" ? ToolChoice::kTool

@@ -260,7 +260,8 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     req.render.system_suffix += kJsonObjectInstruction;
   }
   const ReasoningMarkup& reasoning = ReasoningMarkupFor(sm.family);
-  if (req.thinking_budget > 0) {
+  const bool prompted_reasoning = req.thinking_budget > 0 && !req.thinking_adaptive;
+  if (prompted_reasoning) {
     req.render.system_suffix += reasoning.instruction;
     req.render.assistant_prefix += reasoning.open;
   }
@@ -304,7 +305,9 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     out->params.seed = *req.seed;
     out->params.seeded = true;
   }
-  out->parser.start_in_reasoning = req.thinking_budget > 0;
+  out->parser.start_in_reasoning = prompted_reasoning;
+  out->parser.may_open_reasoning = req.thinking_budget > 0 && req.thinking_adaptive;
+  out->parser.reasoning_open = reasoning.open_tag;
   // Callable: the listed tools and the deferred ones loaded earlier (a search within this
   // generation adds what it finds: Session).
   std::vector<ChatTool> callable = req.render.tools;
@@ -328,7 +331,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   cr.forced_tool = req.forced_tool;
   cr.format = req.format;
   cr.schema = req.format_schema;
-  cr.reasoning = req.thinking_budget > 0;
+  cr.reasoning = prompted_reasoning;
   std::shared_ptr<const TokenMasker> masker = sm.masker;
   if (masker == nullptr && (!cr.tools.empty() || cr.format != OutputFormat::kText))
     masker = std::make_shared<const TokenMasker>(sm.model->tokenizer(), sm.model->config().n_vocab);

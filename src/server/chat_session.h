@@ -75,7 +75,11 @@ struct ChatRequest {
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
-  int64_t thinking_budget = 0;  // > 0: prompted reasoning of at most this many tokens
+  int64_t thinking_budget = 0;  // > 0: reasoning of at most this many tokens
+  // Adaptive thinking: the model decides whether to reason (a section it opens itself at the
+  // start of its answer, capped by thinking_budget); no instruction, no opened section.
+  // Otherwise a budget means prompted reasoning (the instruction, the turn opened inside it).
+  bool thinking_adaptive = false;
   // Tool search: the server tool and the defer_loading catalog; loaded_tools are the deferred
   // tools the history's tool_reference blocks loaded (callable, defined in the prompt there).
   ToolSearchConfig tool_search;

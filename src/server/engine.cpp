@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <fstream>
 #include <unordered_map>
 
+#include "base/hash.h"
 #include "base/log.h"
 #include "model/gguf.h"
 #include "runtime/generator.h"
@@ -38,10 +40,24 @@ uint64_t CacheConfigKey(const Model& m) {
   return h;
 }
 
+// The contents of this executable: another build may compute other KV for the same file and
+// settings (a kernel change), so blocks on disk never cross builds.
+uint64_t ExecutableHash() {
+  std::ifstream f("/proc/self/exe", std::ios::binary);
+  std::vector<char> buf(size_t{1} << 20);
+  uint64_t h = 0;
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (f.gcount() > 0) h = Hash64(buf.data(), static_cast<size_t>(f.gcount()), h);
+  }
+  return h;
+}
+
 // The disk tier's key adds what tells this file from another that has the same path and size
-// later (the modification time), since its blocks outlive the process.
+// later (the modification time), and this build from others, since its blocks outlive the
+// process.
 uint64_t DiskConfigKey(const Model& m) {
-  uint64_t h = CacheConfigKey(m);
+  uint64_t h = CacheConfigKey(m) ^ ExecutableHash();
   struct stat st {};
   if (::stat(m.file().path().c_str(), &st) == 0) {
     h ^= static_cast<uint64_t>(st.st_mtim.tv_sec) * 0x9e3779b97f4a7c15ull;

@@ -109,7 +109,8 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
   if (!forced && !structured) {
     // auto: lazy, for every call the model opens, tagged or in a fence.
-    opts.triggers = {m.open, m.fence_open + "{"};
+    opts.triggers = {m.open};
+    for (const ToolCallMarkup::Wrapper& w : m.wrappers) opts.triggers.push_back(w.open + "{");
     opts.start_triggers = {m.name_prefix};  // a bare call object at the start of the answer
     opts.repeat = true;
   } else if (structured && !forced && req.reasoning) {
@@ -142,13 +143,15 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
         if (!calls.ok()) return calls.status();
         tagged = TaggedCall(b, m, *calls);
         if (!structured) {
-          // A fenced object: the model may have started it pretty-printed (`{\n  "name": "`); the
-          // rest is compact.
+          // An object in another wrapper: the model may have started it pretty-printed
+          // (`{\n  "name": "`); the rest is compact.
           const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 8);
-          const Expr fenced = b.Seq({b.Literal(m.fence_open + "{"), ws, b.Literal("\"name\":"), b.Opt(b.Literal(" ")),
-                                     b.Literal("\""), *calls, b.Opt(b.Literal("\n")), b.Literal(m.fence_close)});
-          const Expr bare = b.Seq({b.Literal(m.name_prefix), *calls});
-          root = b.Alt({*tagged, fenced, bare});
+          std::vector<Expr> forms = {*tagged};
+          for (const ToolCallMarkup::Wrapper& w : m.wrappers)
+            forms.push_back(b.Seq({b.Literal(w.open + "{"), ws, b.Literal("\"name\":"), b.Opt(b.Literal(" ")),
+                                   b.Literal("\""), *calls, b.Opt(b.Literal("\n")), b.Literal(w.close)}));
+          forms.push_back(b.Seq({b.Literal(m.name_prefix), *calls}));  // bare
+          root = b.Alt(forms);
         }
       }
       if (structured) {

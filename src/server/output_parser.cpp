@@ -69,6 +69,8 @@ OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
   std::erase_if(opts_.stop_sequences, [](const std::string& s) { return s.empty(); });
   if (opts_.start_in_reasoning) {
     mode_ = Mode::kReasoning;
+  } else if (opts_.may_open_reasoning && !opts_.reasoning_open.empty()) {
+    mode_ = Mode::kMaybeReasoning;
   } else if (!opts_.tool_call_prefill.empty()) {
     mode_ = Mode::kToolCall;
     open_ = opts_.markup.open;
@@ -141,6 +143,22 @@ void OutputParser::Finish(std::vector<ParsedEvent>* out) {
 void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
   while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
     switch (mode_) {
+      case Mode::kMaybeReasoning: {
+        // Leading whitespace, then the open tag (a reasoning section) or anything else (the
+        // answer, from that point on; the whitespace is the answer's and trimmed there).
+        size_t i = 0;
+        while (i < buf_.size() && IsWs(buf_[i])) ++i;
+        const std::string_view rest = std::string_view(buf_).substr(i);
+        const std::string_view open = opts_.reasoning_open;
+        if (rest.size() >= open.size() && rest.substr(0, open.size()) == open) {
+          buf_.erase(0, i + open.size());
+          mode_ = Mode::kReasoning;
+          continue;
+        }
+        if (!final && open.substr(0, rest.size()) == rest) return;  // undecided yet
+        mode_ = Mode::kContent;
+        continue;
+      }
       case Mode::kReasoning: {
         const size_t end = buf_.find(opts_.reasoning_end);
         if (end != std::string::npos) {
@@ -173,16 +191,18 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         // The earliest marker: a stop sequence or a tool call opening.
         size_t best = std::string::npos;
         size_t best_len = 0;
-        int which = -1;  // -1 tool call, else stop sequence index
-        bool fenced = false;
+        int which = -1;                                    // -1 tool call, else stop sequence index
+        const ToolCallMarkup::Wrapper* wrapper = nullptr;  // null: the family's own tags
         if (opts_.parse_tool_calls) {
           best = buf_.find(opts_.markup.open);
           best_len = opts_.markup.open.size();
-          const size_t f = buf_.find(opts_.markup.fence_open);
-          if (f != std::string::npos && f < best) {
-            best = f;
-            best_len = opts_.markup.fence_open.size();
-            fenced = true;
+          for (const ToolCallMarkup::Wrapper& w : opts_.markup.wrappers) {
+            const size_t f = buf_.find(w.open);
+            if (f != std::string::npos && f < best) {
+              best = f;
+              best_len = w.open.size();
+              wrapper = &w;
+            }
           }
         }
         for (size_t i = 0; i < opts_.stop_sequences.size(); ++i) {
@@ -204,8 +224,8 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
           }
           held_ws_.clear();
           buf_.erase(0, best + best_len);
-          open_ = fenced ? opts_.markup.fence_open : opts_.markup.open;
-          close_ = fenced ? opts_.markup.fence_close : opts_.markup.close;
+          open_ = wrapper ? wrapper->open : opts_.markup.open;
+          close_ = wrapper ? wrapper->close : opts_.markup.close;
           mode_ = Mode::kToolCall;
           tool_buf_.clear();
           tool_close_from_ = 0;
@@ -213,8 +233,11 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         }
         size_t keep = 0;
         if (!final) {
-          if (opts_.parse_tool_calls)
-            keep = std::max(PartialSuffix(buf_, opts_.markup.open), PartialSuffix(buf_, opts_.markup.fence_open));
+          if (opts_.parse_tool_calls) {
+            keep = PartialSuffix(buf_, opts_.markup.open);
+            for (const ToolCallMarkup::Wrapper& w : opts_.markup.wrappers)
+              keep = std::max(keep, PartialSuffix(buf_, w.open));
+          }
           for (const std::string& s : opts_.stop_sequences) keep = std::max(keep, PartialSuffix(buf_, s));
         }
         EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);

@@ -6,8 +6,9 @@
 //   text       — everything else, with stop sequences cut (generation stops at the first one) and
 //                whitespace around tool calls and at the end trimmed.
 //   tool calls — `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Hermes
-//                convention, model/chat_format.h ToolCallMarkup), or the same object in a
-//                ```json fence (Qwen2.5-Coder's habit), parsed once complete and validated
+//                convention, model/chat_format.h ToolCallMarkup), or the same object in one
+//                of the markup's other wrappers (a ```json fence, Qwen2.5-Coder's habit, or
+//                <tools></tools>, copied from the template), parsed once complete and validated
 //                against the tool's input schema; a call that does not parse or validate is
 //                passed on as literal text (a fenced block that is no call is text as written).
 //                Small models often drop the tags: a bare JSON object
@@ -38,6 +39,10 @@ class OutputParser {
  public:
   struct Options {
     bool start_in_reasoning = false;
+    // The model may open a reasoning section itself: `reasoning_open` (after whitespace) at the
+    // very start of the output starts one (adaptive thinking); anything else is the answer.
+    bool may_open_reasoning = false;
+    std::string reasoning_open = ReasoningMarkupFor(ChatFamily::kChatML).open_tag;
     bool parse_tool_calls = false;
     std::vector<ChatTool> tools;  // for name and schema validation
     std::vector<std::string> stop_sequences;
@@ -62,7 +67,7 @@ class OutputParser {
   void AddTool(const ChatTool& tool) { opts_.tools.push_back(tool); }
 
  private:
-  enum class Mode { kReasoning, kContent, kToolCall, kBareJson };
+  enum class Mode { kMaybeReasoning, kReasoning, kContent, kToolCall, kBareJson };
   void Process(std::vector<ParsedEvent>* out, bool final);
   void EmitText(std::string_view s, std::vector<ParsedEvent>* out);
   void EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out);

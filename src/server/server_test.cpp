@@ -114,6 +114,61 @@ TEST(OutputParser, ToolCallParsedAndValidated) {
   ExpectSplitInvariant(o, text);
 }
 
+TEST(OutputParser, ToolCallInAFenceOrToolsTagsIsACall) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  for (const std::string& text :
+       {std::string("Checking.\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n```"),
+        std::string(
+            "Checking.\n<tools>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tools>")}) {
+    OutputParser p(o);
+    const auto ev = FeedAll(p, {text});
+    ASSERT_EQ(ev.size(), 2u) << text;
+    EXPECT_EQ(ev[0].text, "Checking.");
+    ASSERT_EQ(ev[1].kind, ParsedEvent::Kind::kToolCall) << text;
+    EXPECT_EQ(ev[1].call.arguments["city"], "Oslo");
+    ExpectSplitInvariant(o, text);
+  }
+  // The same wrappers around something that is no call stay text as written.
+  OutputParser p(o);
+  const std::string other = "<tools>\n{\"a\": 1}\n</tools>";
+  const auto ev = FeedAll(p, {other});
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kText);
+  EXPECT_EQ(ev[0].text, other);
+}
+
+TEST(OutputParser, AdaptiveReasoningOnlyWhenTheModelOpensIt) {
+  OutputParser::Options o;
+  o.may_open_reasoning = true;
+  const std::string opened = "\n<think>\nThe user greets me.\n</think>\n\nHello!";
+  OutputParser p(o);
+  auto ev = FeedAll(p, {opened});
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kReasoning);
+  EXPECT_EQ(ev[1].kind, ParsedEvent::Kind::kText);
+  EXPECT_EQ(ev[1].text, "Hello!");
+  ExpectSplitInvariant(o, opened);
+  // Fed token by token, the parser is in reasoning once the tag is complete.
+  OutputParser q(o);
+  std::vector<ParsedEvent> out;
+  q.Feed("<thi", &out);
+  EXPECT_FALSE(q.in_reasoning());
+  EXPECT_TRUE(out.empty());
+  q.Feed("nk>", &out);
+  EXPECT_TRUE(q.in_reasoning());
+  // No tag at the start: all answer, a later tag included.
+  for (const std::string& text : {std::string("Hello <think> there"), std::string("<thin"), std::string("Hi")}) {
+    OutputParser r(o);
+    ev = FeedAll(r, {text});
+    ASSERT_EQ(ev.size(), 1u) << text;
+    EXPECT_EQ(ev[0].kind, ParsedEvent::Kind::kText);
+    EXPECT_EQ(ev[0].text, text);
+    ExpectSplitInvariant(o, text);
+  }
+}
+
 TEST(OutputParser, InvalidToolCallStaysText) {
   OutputParser::Options o;
   o.parse_tool_calls = true;
@@ -333,6 +388,7 @@ TEST(AnthropicParse, AdaptiveThinkingBudgetGrowsWithEffort) {
     const auto e = ParseA(body.dump(), &req, &o);
     ASSERT_FALSE(e.has_value()) << e->message;
     EXPECT_EQ(req.thinking_budget, budget) << (effort ? effort : "(absent)");
+    EXPECT_TRUE(req.thinking_adaptive);
     // Without adaptive thinking the effort alone starts no reasoning.
     body.erase("thinking");
     ChatRequest plain;

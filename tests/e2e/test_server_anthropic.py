@@ -200,10 +200,40 @@ def test_thinking_streams_signature_delta(client):
         final = stream.get_final_message()
     assert "thinking" in types and "signature" in types
     assert final.content[0].type == "thinking" and final.content[0].signature
-    # adaptive thinking at medium effort and disabled thinking: accepted, no thinking block.
+    # adaptive thinking with too few max_tokens to reason in, and disabled thinking: no block.
     for thinking in ({"type": "adaptive", "display": "omitted"}, {"type": "disabled"}):
         msg = ask(client, max_tokens=5, thinking=thinking, extra_body={"output_config": {"effort": "medium"}})
         assert all(b.type != "thinking" for b in msg.content)
+
+
+SHOWN_REASONING = [
+    {"role": "user", "content": "Is 12 even?"},
+    {"role": "assistant", "content": "<think>\n12 divided by 2 is 6 with no remainder, so it is even.\n</think>\n\nYes, 12 is even."},
+    {"role": "user", "content": "Is 35 even?"},
+    {"role": "assistant", "content": "<think>\n35 divided by 2 leaves a remainder of 1, so it is odd.\n</think>\n\nNo, 35 is odd."},
+    {"role": "user", "content": "Is 7 even? Start with <think> as before."}]
+
+
+@pytest.mark.parametrize("effort,budget", [("low", 128), ("medium", 256), ("high", 1024)])
+def test_adaptive_thinking_budget_per_effort(client, effort, budget):
+    """Adaptive thinking: the model decides. Nothing is prompted, so with a plain question these
+    models answer directly; a model that opens <think> itself (here SmolLM2 imitating the
+    history's answers) gets a thinking block within the effort's budget. The cap itself (the
+    server closes the section when the budget is spent) is the one `enabled` thinking uses,
+    tested with small budget_tokens above; the budgets of xhigh (2048) and max (4096) are
+    checked at parse level (server_test.cpp)."""
+    plain = ask(client, "What is the capital of France?", max_tokens=40, thinking={"type": "adaptive"},
+                extra_body={"output_config": {"effort": effort}})
+    assert all(b.type != "thinking" for b in plain.content) and plain.content, plain.content
+    msg = client.messages.create(model="m", max_tokens=2 * budget + 64, messages=SHOWN_REASONING,
+                                 thinking={"type": "adaptive"}, extra_body={"output_config": {"effort": effort}, **GREEDY})
+    thinking = [b for b in msg.content if b.type == "thinking"]
+    assert thinking and thinking[0].signature and thinking[0].thinking, msg.content
+    base = client.messages.count_tokens(model="m", messages=[{"role": "user", "content": "x"}]).input_tokens
+    n = client.messages.count_tokens(model="m", messages=[{"role": "user", "content": "x" + thinking[0].thinking}]).input_tokens - base
+    assert n <= budget + 2, (effort, n)
+    assert msg.usage.output_tokens <= 2 * budget + 64
+    print(f"adaptive {effort}: {n} reasoning tokens (budget {budget}), {msg.usage.output_tokens} output tokens")
 
 
 def test_errors_400(client, server):
