@@ -141,13 +141,18 @@ struct FakeClock {
   }
 };
 
-TEST(PrefixCache, BlocksExpireAfterTheirLifetimeAndHitsRefreshIt) {
-  FakeClock clock;
-  auto o = Opts(100);
+// Options with lifetimes of 300 s ("5m") and 3600 s ("1h") on `clock`.
+PrefixCache::Options TimedOpts(FakeClock& clock, int max_blocks) {
+  auto o = Opts(max_blocks);
   o.ttl_s = 300;
   o.long_ttl_s = 3600;
   o.clock = clock.fn();
-  PrefixCache pc(1, kLayers, kDim, o);
+  return o;
+}
+
+TEST(PrefixCache, BlocksExpireAfterTheirLifetimeAndHitsRefreshIt) {
+  FakeClock clock;
+  PrefixCache pc(1, kLayers, kDim, TimedOpts(clock, 100));
   const auto a = Seq(0, 24);
   pc.Store(a, 24, Fill(a));
   clock.t += 299;
@@ -169,11 +174,7 @@ TEST(PrefixCache, BlocksExpireAfterTheirLifetimeAndHitsRefreshIt) {
 
 TEST(PrefixCache, KeepLongGivesAPrefixTheLongLifetime) {
   FakeClock clock;
-  auto o = Opts(100);
-  o.ttl_s = 300;
-  o.long_ttl_s = 3600;
-  o.clock = clock.fn();
-  PrefixCache pc(1, kLayers, kDim, o);
+  PrefixCache pc(1, kLayers, kDim, TimedOpts(clock, 100));
   const auto a = Seq(0, 32);
   pc.Store(a, 32, Fill(a));
   pc.KeepLong(a, 16);  // the first two blocks (e.g. up to a 1h breakpoint)
@@ -187,9 +188,7 @@ TEST(PrefixCache, KeepLongGivesAPrefixTheLongLifetime) {
 
 TEST(PrefixCache, UnderPressureShortLivedBlocksGoBeforeLongLivedOnes) {
   FakeClock clock;
-  auto o = Opts(4);
-  o.clock = clock.fn();
-  PrefixCache pc(1, kLayers, kDim, o);
+  PrefixCache pc(1, kLayers, kDim, TimedOpts(clock, 4));
   const auto a = Seq(0, 16), b = Seq(1000, 16), c = Seq(2000, 16);
   pc.Store(a, 16, Fill(a));
   pc.KeepLong(a, 16);

@@ -7,7 +7,8 @@ CLI (tools/claude-code) in print mode against `mererun serve`.
   MCP server records the call.
 - A real fix: a one-line bug makes a pytest fail; Claude Code (Read, Edit, Bash) fixes it and the
   test passes afterwards (checked here by running pytest). MERERUN_CLAUDE_CODE_RUNS (default 1)
-  repeats it; each run's pass, turns and time are printed.
+  repeats it (with MERERUN_CLAUDE_CODE_TEMP=default, so that runs differ); each run's pass,
+  turns and time are printed.
 
 Each first request is ~11.6k tokens (about 330 s of prefill for the 1.5B on 2 Zen 4 cores), so
 the tests share one server and one prefix-cache directory (under MERERUN_HOME, kept across
@@ -48,7 +49,11 @@ def claude(repo_root):
 def server(mererun_bin, model_path):
     model_path(MODEL)
     cache_dir = model_cache_dir().parent / "kv-cache-claude-code-tests"
-    s = ServerProcess(mererun_bin, MODEL, "-c", "32768", "--temp", "0", "--max-output-tokens", "600",
+    # Greedy unless MERERUN_CLAUDE_CODE_TEMP says otherwise ("default": the model's own sampling,
+    # so that repeated runs differ).
+    temp = os.environ.get("MERERUN_CLAUDE_CODE_TEMP", "0")
+    s = ServerProcess(mererun_bin, MODEL, "-c", "32768", *([] if temp == "default" else ["--temp", temp]),
+                      "--max-output-tokens", "600",
                       "--cache-dir", cache_dir, env={"MERERUN_LOG": "debug"}, startup_timeout=300)
     yield s
     s.stop()
@@ -86,7 +91,8 @@ def test_claude_code_finds_a_deferred_tool_and_calls_it(claude, server, tmp_path
     (tmp_path / "mcp.json").write_text(json.dumps(mcp))
     proc, out, elapsed = run_claude(
         claude, server, tmp_path,
-        "What is the weather in Paris? Use the ToolSearch tool to find the weather tool, then call it.",
+        'What is the weather in Paris? Call ToolSearch with the query "weather" to load the weather tool, '
+        "then call that tool for Paris.",
         "--mcp-config", str(tmp_path / "mcp.json"), "--allowedTools", "ToolSearch,mcp__weather__get_weather",
         "--max-turns", "6", env_extra={"ENABLE_TOOL_SEARCH": "true"})
     log = server.log()
