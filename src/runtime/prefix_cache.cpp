@@ -129,17 +129,16 @@ void PrefixCache::Remove(std::unordered_map<uint64_t, Block>::iterator it) {
 int64_t PrefixCache::Expire() {
   const double now = Now();
   int64_t dropped = 0;
-  // Leaves first: a block's descendants were used with it, so they expire no later than it.
-  for (bool again = true; again;) {
-    again = false;
-    for (auto it = lru_.rbegin(); it != lru_.rend();) {
-      auto m = map_.find(*it);
-      ++it;
+  // Leaves only: a block's descendants were used with it (so they expire no later than it), and
+  // they were touched after it (nearer the front), so one pass from the front usually frees a
+  // whole chain; another pass follows while one removed something.
+  for (int64_t removed = 1; removed > 0; dropped += removed) {
+    removed = 0;
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      auto m = map_.find(*it++);  // Remove erases this entry, not the next
       if (m->second.children > 0 || m->second.expires >= now) continue;
       Remove(m);
-      ++dropped;
-      again = true;
-      break;  // the reverse iterator's base was erased
+      ++removed;
     }
   }
   stats_.expired_blocks += dropped;

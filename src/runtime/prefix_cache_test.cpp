@@ -52,8 +52,9 @@ std::vector<TokenId> Seq(TokenId start, int n) {
   return v;
 }
 
-PrefixCache::Options Opts(int max_blocks) {
+PrefixCache::Options Opts(int max_blocks, KvDiskCache* disk = nullptr) {
   PrefixCache::Options o;
+  o.disk = disk;
   o.block_tokens = kBlock;
   o.byte_budget = static_cast<size_t>(max_blocks) * kLayers * 2 * kBlock * kDim * sizeof(uint16_t);
   return o;
@@ -240,9 +241,7 @@ TEST(KvDiskCache, BlocksSurviveARestartOfTheMemoryTier) {
   const auto a = Seq(100, 28);
   {
     auto disk = OpenDisk(dir, 42);
-    auto o = Opts(100);
-    o.disk = disk.get();
-    PrefixCache pc(42, kLayers, kDim, o);
+    PrefixCache pc(42, kLayers, kDim, Opts(100, disk.get()));
     pc.Store(a, 28, Fill(a));
     disk->Flush();
     EXPECT_EQ(disk->stats().written, 3);
@@ -252,9 +251,7 @@ TEST(KvDiskCache, BlocksSurviveARestartOfTheMemoryTier) {
   // A new process: empty memory, the same directory.
   auto disk = OpenDisk(dir, 42);
   EXPECT_EQ(disk->stats().files, 3);
-  auto o = Opts(100);
-  o.disk = disk.get();
-  PrefixCache pc(42, kLayers, kDim, o);
+  PrefixCache pc(42, kLayers, kDim, Opts(100, disk.get()));
   EXPECT_EQ(pc.Match(a, 100), 24);
   KvCache kv = Fill({});
   EXPECT_EQ(pc.Restore(a, 100, 0, kv), 24);
@@ -264,9 +261,7 @@ TEST(KvDiskCache, BlocksSurviveARestartOfTheMemoryTier) {
   EXPECT_EQ(pc.blocks(), 3);  // now in memory too
   // Another configuration in the same directory sees none of it.
   auto other_disk = OpenDisk(dir, 43);
-  auto o2 = Opts(100);
-  o2.disk = other_disk.get();
-  PrefixCache other(43, kLayers, kDim, o2);
+  PrefixCache other(43, kLayers, kDim, Opts(100, other_disk.get()));
   KvCache kv2 = Fill({});
   EXPECT_EQ(other.Restore(a, 100, 0, kv2), 0);
 }
@@ -276,9 +271,7 @@ TEST(KvDiskCache, ACorruptedOrTruncatedFileIsRejectedRemovedAndRecomputed) {
   const auto a = Seq(7, 24);
   {
     auto disk = OpenDisk(dir, 5);
-    auto o = Opts(100);
-    o.disk = disk.get();
-    PrefixCache pc(5, kLayers, kDim, o);
+    PrefixCache pc(5, kLayers, kDim, Opts(100, disk.get()));
     pc.Store(a, 24, Fill(a));
   }  // the destructor writes what is queued
   auto files = BlockFiles(dir);
@@ -296,9 +289,7 @@ TEST(KvDiskCache, ACorruptedOrTruncatedFileIsRejectedRemovedAndRecomputed) {
   }
   std::filesystem::resize_file(files[1], std::filesystem::file_size(files[1]) - 1);
   auto disk = OpenDisk(dir, 5);
-  auto o = Opts(100);
-  o.disk = disk.get();
-  PrefixCache pc(5, kLayers, kDim, o);
+  PrefixCache pc(5, kLayers, kDim, Opts(100, disk.get()));
   KvCache kv = Fill({});
   const int64_t got = pc.Restore(a, 100, 0, kv);
   EXPECT_LT(got, 24);
@@ -322,9 +313,7 @@ TEST(KvDiskCache, StaysWithinItsByteBudgetDroppingTheLeastRecentlyUsedFiles) {
   TempDir dir;
   const size_t file_bytes = 64 + kBlock * sizeof(TokenId) + kLayers * 2 * kBlock * kDim * sizeof(uint16_t);
   auto disk = OpenDisk(dir, 9, 3 * file_bytes);
-  auto o = Opts(100);
-  o.disk = disk.get();
-  PrefixCache pc(9, kLayers, kDim, o);
+  PrefixCache pc(9, kLayers, kDim, Opts(100, disk.get()));
   const auto a = Seq(0, 16), b = Seq(500, 16);
   pc.Store(a, 16, Fill(a));
   disk->Flush();

@@ -176,7 +176,7 @@ struct Engine::Impl {
   std::unique_ptr<PrefixCache> cache;   // engine thread
   Clock::time_point next_expiry_check;  // engine thread
   // Drops what outlived its lifetime: expired prefix-cache blocks and the KV of slots idle past
-  // their job's lifetime. Engine thread; at most once a second unless `now_or_never`.
+  // their job's lifetime. Engine thread; at most once a second unless `force`.
   void ExpireCached(bool force);
   std::vector<std::unique_ptr<Slot>> slots;  // engine thread; created on demand, up to max_active
   std::vector<Model::BatchSeq> batch;
