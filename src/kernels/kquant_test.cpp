@@ -195,6 +195,32 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
   }
 }
 
+// A row's outputs are bit-identical whatever the number of rows in the call (1 in decode, k + 1
+// in verification, 64 in prefill): greedy speculative decoding emits exactly what plain decoding
+// does only if the kernels keep this.
+TEST_P(KKernelTest, RowResultDoesNotDependOnRowCount) {
+  const auto [cpu, f] = GetParam();
+  const KernelTable& k = GetKernels(cpu);
+  const int64_t cols = 512, out = 33, n_max = 13;
+  const KMatrix m = Pack(f, RandomBlocks(f, out, cols, 77), out, cols);
+  const KMatrix u = Pack(f, RandomBlocks(f, out, cols, 78), out, cols);
+  const auto x = RandomActs(n_max * cols, 79);
+  const QActs all = Quantize(x, n_max, cols);
+  std::vector<float> y_all(n_max * out), g_all(n_max * out);
+  k.matmul_k[static_cast<int>(f)](m, all, n_max, y_all.data(), out, 0, m.tiles());
+  k.matmul_k_glu[static_cast<int>(f)](m, u, all, n_max, GluAct::kSilu, g_all.data(), out, 0, m.tiles());
+  for (int64_t n = 1; n < n_max; ++n) {  // the first n rows alone
+    const QActs part = Quantize(std::vector<float>(x.begin(), x.begin() + n * cols), n, cols);
+    std::vector<float> y(n * out), g(n * out);
+    k.matmul_k[static_cast<int>(f)](m, part, n, y.data(), out, 0, m.tiles());
+    k.matmul_k_glu[static_cast<int>(f)](m, u, part, n, GluAct::kSilu, g.data(), out, 0, m.tiles());
+    for (int64_t i = 0; i < n * out; ++i) {
+      ASSERT_EQ(y[i], y_all[i]) << KFormatName(f) << " " << n << " rows, row " << i / out << " output " << i % out;
+      ASSERT_EQ(g[i], g_all[i]) << KFormatName(f) << " GLU, " << n << " rows, row " << i / out;
+    }
+  }
+}
+
 TEST_P(KKernelTest, FusedGluMatchesReference) {
   const auto [cpu, f] = GetParam();
   const KernelTable& k = GetKernels(cpu);

@@ -68,11 +68,11 @@ struct Q4K {
   }
 
   // Super-block s of the tile (blk) against rows 0..R-1 of a: acc[r] += the scaled dot products,
-  // mins[r] += the minimum terms (subtracted at the end; with 4 or more rows they go straight
-  // into acc). With fewer than 4 rows the chunks
-  // alternate between two sets of integer accumulators and the minimum terms have their own
-  // registers, so the dependency chains stay short (decode is the 1-row case); with more rows
-  // there is parallelism across rows and the registers go to the rows instead.
+  // mins[r] += the minimum terms (subtracted at the end), for every R: a row's floating-point
+  // operations are the same whatever the number of rows, so its result is too (greedy
+  // speculative decoding relies on it). With fewer than 4 rows the chunks alternate between two
+  // sets of integer accumulators (exact), so the dependency chains stay short (decode is the
+  // 1-row case); with more rows there is parallelism across rows instead.
   template <int R>
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s,
                                           __m512* acc, __m512* mins) {
@@ -120,13 +120,8 @@ struct Q4K {
                                    _mm512_mul_ps(m.dsc[2 * k + 1], _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
         }
         const float* s32 = a.S32(r) + i0 / 32;
-        if constexpr (R < 4) {
-          mins[r] = _mm512_fmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), mins[r]);
-          mins[r] = _mm512_fmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), mins[r]);
-        } else {
-          acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), acc[r]);
-          acc[r] = _mm512_fnmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), acc[r]);
-        }
+        mins[r] = _mm512_fmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), mins[r]);
+        mins[r] = _mm512_fmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), mins[r]);
       }
     }
   }
