@@ -194,42 +194,117 @@ TEST_P(VariantTest, FusedGluMatchesReference) {
   }
 }
 
+// A KV head's cache of n_pos positions (K and V of two heads, the second one used) and query rows.
+struct AttnCase {
+  int64_t hd, n_q, n_rows, n_pos;
+  std::vector<uint16_t> K, V;
+  std::vector<float> q;
+  static constexpr int64_t kKvHeads = 2, kHead = 1;
+  AttnCase(int64_t hd_, int64_t n_q_, int64_t n_rows_, int64_t n_pos_, uint32_t seed)
+      : hd(hd_), n_q(n_q_), n_rows(n_rows_), n_pos(n_pos_) {
+    auto kf = RandomVec(n_pos * stride(), seed, 2.0f), vf = RandomVec(n_pos * stride(), seed + 1);
+    K.resize(kf.size());
+    V.resize(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+      K[i] = F32ToBf16(kf[i]);
+      V[i] = F32ToBf16(vf[i]);
+    }
+    q = RandomVec(n_rows * q_stride(), seed + 2);
+  }
+  int64_t stride() const { return kKvHeads * hd; }
+  int64_t q_stride() const { return n_q * hd + 5; }  // rows padded: strides are honoured
+  // Runs rows [r0, r0 + n) of the case through the kernel into out (row stride q_stride()).
+  void Run(const KernelTable& k, int64_t r0, int64_t n, const int64_t* lo, const int64_t* hi, float* out) const {
+    std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(n, n_q, hd)));
+    const AttnChunk a{q.data() + r0 * q_stride(),
+                      q_stride(),
+                      n,
+                      n_q,
+                      hd,
+                      K.data() + kHead * hd,
+                      V.data() + kHead * hd,
+                      stride(),
+                      lo + r0,
+                      hi + r0,
+                      1.0f / std::sqrt(static_cast<float>(hd)),
+                      out + r0 * q_stride(),
+                      q_stride()};
+    k.attention(a, scratch.data());
+  }
+  // Exact softmax attention in double of row r, head h, output element i.
+  double Exact(int64_t r, int64_t h, int64_t i, int64_t lo, int64_t hi) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    std::vector<double> s(hi - lo);
+    double mx = -1e30, sum = 0, acc = 0;
+    for (int64_t j = lo; j < hi; ++j) {
+      double dot = 0;
+      for (int64_t x = 0; x < hd; ++x)
+        dot += q[r * q_stride() + h * hd + x] * Bf16ToF32(K[j * stride() + kHead * hd + x]);
+      s[j - lo] = dot * scale;
+      mx = std::max(mx, s[j - lo]);
+    }
+    for (auto& x : s) sum += (x = std::exp(x - mx));
+    for (int64_t j = lo; j < hi; ++j) acc += s[j - lo] / sum * Bf16ToF32(V[j * stride() + kHead * hd + i]);
+    return acc;
+  }
+};
+
 TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
   const KernelTable& k = GetKernels(GetParam());
-  // Head sizes 64, 96, 128 and 256 (vector paths) and 12 (scalar fallback); spans shorter than, equal
-  // to and longer than one block; a window that does not start at 0.
-  for (int64_t hd : {12, 64, 96, 128, 256}) {
+  // Head sizes 64, 96, 128 and 256 (vector paths), 40 (AVX2 only) and 12 (scalar fallback); one
+  // row over spans shorter than, equal to and longer than a block, windows that do not start at 0.
+  for (int64_t hd : {12, 40, 64, 96, 128, 256}) {
     for (int64_t n_q : {1, 3, 7}) {
       for (auto [j0, j1] : {std::pair<int64_t, int64_t>{0, 1}, {0, 16}, {0, 64}, {5, 150}, {3, 20}, {0, 200}}) {
-        const int64_t n_kv = 2, stride = n_kv * hd, kh = 1;
-        auto kf = RandomVec(j1 * stride, 11, 2.0f), vf = RandomVec(j1 * stride, 12);
-        std::vector<uint16_t> K(kf.size()), V(vf.size());
-        for (size_t i = 0; i < kf.size(); ++i) {
-          K[i] = F32ToBf16(kf[i]);
-          V[i] = F32ToBf16(vf[i]);
-        }
-        auto q = RandomVec(n_q * hd, 13);
-        std::vector<float> out(n_q * hd), scratch(AttentionScratchFloats(n_q, hd));
-        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        k.attention(q.data(), n_q, hd, K.data() + kh * hd, V.data() + kh * hd, stride, j0, j1, scale, out.data(),
-                    scratch.data());
+        const AttnCase c(hd, n_q, 1, j1, 11);
+        std::vector<float> out(static_cast<size_t>(c.q_stride()), -7.0f);
+        c.Run(k, 0, 1, &j0, &j1, out.data());
         for (int64_t h = 0; h < n_q; ++h) {
-          std::vector<double> s(j1 - j0);
-          double mx = -1e30, sum = 0;
-          for (int64_t j = j0; j < j1; ++j) {
-            double dot = 0;
-            for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * Bf16ToF32(K[j * stride + kh * hd + i]);
-            s[j - j0] = dot * scale;
-            mx = std::max(mx, s[j - j0]);
-          }
-          for (auto& x : s) {
-            x = std::exp(x - mx);
-            sum += x;
-          }
           for (int64_t i = 0; i < hd; ++i) {
-            double acc = 0;
-            for (int64_t j = j0; j < j1; ++j) acc += s[j - j0] / sum * Bf16ToF32(V[j * stride + kh * hd + i]);
-            EXPECT_NEAR(out[h * hd + i], acc, 1e-5 + 1e-4 * std::fabs(acc)) << "hd " << hd << " j " << j0 << ".." << j1;
+            const double e = c.Exact(0, h, i, j0, j1);
+            ASSERT_NEAR(out[h * hd + i], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " j " << j0 << ".." << j1;
+          }
+        }
+        for (int64_t i = n_q * hd; i < c.q_stride(); ++i) ASSERT_EQ(out[i], -7.0f) << "padding written";
+      }
+    }
+  }
+}
+
+// A chunk of rows as prefill and verification make them (causal: row r attends up to its own
+// position) and as a sliding window makes them (each row's own start), on spans that begin and
+// end inside blocks: every row matches exact softmax, and is bit-identical to the same row run
+// alone, so a row's result does not depend on the chunk it is in.
+TEST_P(VariantTest, AttentionChunkRowsMatchAloneAndExact) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (int64_t hd : {12, 40, 64, 128}) {
+    for (auto [n_rows, p0, n_q] : {std::tuple<int64_t, int64_t, int64_t>{2, 37, 3},
+                                   {5, 37, 3},
+                                   {16, 37, 3},
+                                   {23, 37, 3},
+                                   {8, 7, 2},
+                                   {7, 0, 2},
+                                   {16, 0, 1},
+                                   {9, 100, 5}}) {
+      for (bool window : {false, true}) {
+        const int64_t n_pos = p0 + n_rows;
+        const AttnCase c(hd, n_q, n_rows, n_pos, 21);
+        std::vector<int64_t> lo(n_rows), hi(n_rows);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          hi[r] = p0 + r + 1;
+          lo[r] = window ? std::max<int64_t>(0, hi[r] - 19) : 0;
+        }
+        std::vector<float> together(static_cast<size_t>(n_rows * c.q_stride())), alone(together.size());
+        c.Run(k, 0, n_rows, lo.data(), hi.data(), together.data());
+        for (int64_t r = 0; r < n_rows; ++r) c.Run(k, r, 1, lo.data(), hi.data(), alone.data());
+        for (int64_t r = 0; r < n_rows; ++r) {
+          for (int64_t h = 0; h < n_q; ++h) {
+            for (int64_t i = 0; i < hd; ++i) {
+              const size_t at = static_cast<size_t>(r * c.q_stride() + h * hd + i);
+              ASSERT_EQ(together[at], alone[at]) << "hd " << hd << " rows " << n_rows << " row " << r;
+              const double e = c.Exact(r, h, i, lo[r], hi[r]);
+              ASSERT_NEAR(together[at], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " row " << r;
+            }
           }
         }
       }

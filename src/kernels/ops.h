@@ -33,6 +33,25 @@ bool CpuSupports(CpuVariant v);
 // Any number of activation rows: each weight tile is read once from memory for all rows
 // (rows are processed in passes of up to 4 against the tile while it is in cache, and for
 // many rows tiles are taken in L2-sized chunks: the blocked GEMM path of prefill).
+// One attention call (KernelTable::attention): n_rows query rows of one sequence, each with the
+// n_q query heads that share one KV head. Row r's heads are at q + r * q_stride (hd floats
+// apart); it attends cache positions [lo[r], hi[r]) (lo < hi) and its output (n_q x hd) goes to
+// out + r * out_stride. k, v point at the KV head's slice of position 0 (BF16, rows kv_stride
+// elements apart): out_h = sum_j softmax_j(scale * q_h . k_j) v_j.
+struct AttnChunk {
+  const float* q;
+  int64_t q_stride;
+  int64_t n_rows, n_q, hd;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t kv_stride;
+  const int64_t* lo;
+  const int64_t* hi;
+  float scale;
+  float* out;
+  int64_t out_stride;
+};
+
 struct KernelTable {
   CpuVariant variant;
   // x (n_rows, cols) FP32 -> q (n_rows, cols) int8 + scales (n_rows, cols/kActGroup), symmetric
@@ -44,13 +63,12 @@ struct KernelTable {
   // y[r * ldy + o] = act(gate·x) * (up·x): gate and up projections with the GLU in one pass.
   void (*matmul_q8_glu)(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
                         GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
-  // Attention of n_q query heads that share one KV head, for one query row, over cache
-  // positions [j_begin, j_end): out[h*hd + i] = sum_j softmax_j(scale * q_h·k_j) v_j[i].
-  // k, v point at the KV head's slice of position 0 (BF16, rows kv_stride elements apart).
-  // Online softmax over blocks of kAttnBlock positions; each K/V row is read once for all
-  // n_q heads (GQA). scratch: AttentionScratchFloats(n_q, hd) floats.
-  void (*attention)(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
-                    int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
+  // Attention of a chunk of query rows of one sequence against one KV head (AttnChunk). Online
+  // softmax over blocks of cache positions aligned to multiples of the kernel's block size, so a
+  // row's result does not depend on the other rows of its chunk (bit-identical alone or together,
+  // which greedy speculative decoding relies on); each K/V block is read and converted once for
+  // every row and query head of the chunk. scratch: AttentionScratchFloats(n_rows, n_q, hd) floats.
+  void (*attention)(const AttnChunk& a, float* scratch);
   // Native K-quant kernels (kquant.h), indexed by KFormat, over output tiles [t_begin, t_end) of
   // kKTile = 16 outputs (only real outputs are written). x: rows [0, n_rows) quantized, with
   // ComputeSums done (the Q4_K minimum and Q6_K offset terms use the activation sums). Same
@@ -62,9 +80,12 @@ struct KernelTable {
                                   float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 };
 
+// Largest block of cache positions any attention kernel uses (the scalar one; AVX2 uses 8,
+// AVX-512 16): the unit of scratch sizes.
 constexpr int64_t kAttnBlock = 64;
-inline int64_t AttentionScratchFloats(int64_t n_q, int64_t hd) {
-  return n_q * kAttnBlock + 32 * hd + 2 * n_q;  // the AVX-512 kernel's K^T and V blocks: 2 x 16 x hd
+inline int64_t AttentionScratchFloats(int64_t n_rows, int64_t n_q, int64_t hd) {
+  // K^T and V of one block, then per (row, head): a block of probabilities, running max and sum.
+  return 2 * kAttnBlock * hd + n_rows * n_q * (kAttnBlock + 2);
 }
 
 const KernelTable& GetKernels(CpuVariant v);

@@ -509,28 +509,63 @@ void Model::AttentionRef(int64_t layer, int64_t n, const float* q, float* out) {
   });
 }
 
-// Fast path: one job per (row, KV head) runs the q heads of that group together, so each K/V
-// row is read once per group (kernels' attention: online softmax, vectorized). All rows of all
-// sequences are one parallel op; jobs are dealt round-robin so rows of different lengths
-// (causal rows, sequences at different positions) balance across threads.
+// Fast path: the rows of each sequence are cut into chunks of consecutive positions, and one job
+// per (chunk, KV head) runs every row and query head of the chunk against each K/V block once
+// (kernels' attention: flash-style, online softmax, vectorized). A prefill chunk of 64 rows
+// thus reads the cache 4 times instead of 64. Chunks are small enough that every thread gets
+// work (a verify step of 8 rows on 2 KV heads is 4 jobs), and threads claim jobs as they go.
 void Model::Attention(int64_t layer, int64_t n, const float* q, float* out) {
+  constexpr int64_t kMaxChunkRows = 16;
   const ModelConfig& c = cfg_;
   const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
   const bool swa = c.layer_is_swa[layer] && c.sliding_window > 0;
-  const int64_t scratch = AttentionScratchFloats(group, hd);
   const int n_th = pool_->size();
+  if (att_lo_.size() < static_cast<size_t>(n)) {
+    att_lo_.resize(static_cast<size_t>(n));
+    att_hi_.resize(static_cast<size_t>(n));
+  }
+  att_chunks_.clear();
+  const int64_t min_chunks = (2 * n_th + c.n_head_kv - 1) / c.n_head_kv;
+  for (int64_t t0 = 0; t0 < n;) {
+    int64_t t1 = t0 + 1;  // a sequence's rows: same cache, consecutive positions
+    while (t1 < n && row_kv_[t1] == row_kv_[t0] && row_pos_[t1] == row_pos_[t1 - 1] + 1) ++t1;
+    const int64_t rows = t1 - t0;
+    const int64_t chunks = std::max((rows + kMaxChunkRows - 1) / kMaxChunkRows, std::min(rows, min_chunks));
+    for (int64_t i = 0; i < chunks; ++i) {
+      const int64_t b = t0 + rows * i / chunks, e = t0 + rows * (i + 1) / chunks;
+      if (e > b) att_chunks_.emplace_back(b, e - b);
+    }
+    t0 = t1;
+  }
+  int64_t max_rows = 0;
+  for (const auto& ch : att_chunks_) max_rows = std::max(max_rows, ch.second);
+  for (int64_t t = 0; t < n; ++t) {
+    att_hi_[t] = row_pos_[t] + 1;
+    att_lo_[t] = swa ? std::max<int64_t>(0, row_pos_[t] - c.sliding_window + 1) : 0;
+  }
+  const int64_t scratch = AttentionScratchFloats(max_rows, group, hd);
   if (att_.size() < static_cast<size_t>(n_th * scratch)) att_.resize(static_cast<size_t>(n_th * scratch));
-  const int64_t jobs = n * c.n_head_kv;
-  pool_->ParallelFor(std::min<int64_t>(n_th, jobs), [&](int64_t b, int64_t e, int th) {
+  const int64_t jobs = static_cast<int64_t>(att_chunks_.size()) * c.n_head_kv;
+  pool_->ParallelForDynamic(jobs, 1, [&](int64_t b, int64_t e, int th) {
     float* sc = att_.data() + th * scratch;
-    for (int64_t job = b; job < jobs; job += n_th) {
-      const int64_t t = job / c.n_head_kv, kh = job % c.n_head_kv;
-      const KvCache& kv = *row_kv_[t];
-      const int64_t p = row_pos_[t];
-      const int64_t lo = swa ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
-      kernels_->attention(q + t * q_dim + kh * group * hd, group, hd, kv.k[layer].data() + kh * hd,
-                          kv.v[layer].data() + kh * hd, kv.kv_dim, lo, p + 1, c.attn_scale,
-                          out + t * q_dim + kh * group * hd, sc);
+    for (int64_t job = b; job < e; ++job) {
+      const auto [t0, rows] = att_chunks_[static_cast<size_t>(job / c.n_head_kv)];
+      const int64_t kh = job % c.n_head_kv;
+      const KvCache& kv = *row_kv_[t0];
+      const AttnChunk a{q + t0 * q_dim + kh * group * hd,
+                        q_dim,
+                        rows,
+                        group,
+                        hd,
+                        kv.k[layer].data() + kh * hd,
+                        kv.v[layer].data() + kh * hd,
+                        kv.kv_dim,
+                        att_lo_.data() + t0,
+                        att_hi_.data() + t0,
+                        c.attn_scale,
+                        out + t0 * q_dim + kh * group * hd,
+                        q_dim};
+      kernels_->attention(a, sc);
     }
   });
 }

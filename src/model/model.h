@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -221,6 +222,8 @@ class Model {
   std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
   std::vector<KvCache*> row_kv_;                          // (rows) the cache of each row of the batch
   std::vector<int64_t> row_pos_;                          // (rows) its position in that cache
+  std::vector<int64_t> att_lo_, att_hi_;                  // (rows) the cache positions a row attends
+  std::vector<std::pair<int64_t, int64_t>> att_chunks_;   // (first row, rows): attention chunks
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
   std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
   std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix

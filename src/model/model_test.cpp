@@ -258,20 +258,20 @@ TEST_P(TinyArchTest, IncrementalDecodeEqualsBatchedForward) {
     KvCache kv1 = m->NewKvCache(32);
     std::vector<float> all(n * V);
     ASSERT_TRUE(m->Forward(kv1, toks.data(), n, true, all.data()).ok());
-    // One at a time, and in uneven chunks: each row's logits must match the batched ones.
+    // One at a time, and in uneven chunks: each row's logits must equal the batched ones bit for bit.
     KvCache kv2 = m->NewKvCache(32);
     std::vector<float> one(V);
     for (int64_t t = 0; t < n; ++t) {
       ASSERT_TRUE(m->Forward(kv2, &toks[t], 1, false, one.data()).ok());
       std::vector<float> row(all.begin() + t * V, all.begin() + (t + 1) * V);
-      EXPECT_LT(MaxAbsDiff(row, one), 1e-4) << s.arch << " ref=" << ref << " position " << t;
+      EXPECT_EQ(MaxAbsDiff(row, one), 0.0f) << s.arch << " ref=" << ref << " position " << t;
     }
     KvCache kv3 = m->NewKvCache(32);
     std::vector<float> chunk(5 * V);
     ASSERT_TRUE(m->Forward(kv3, toks.data(), 7, false, one.data()).ok());
     ASSERT_TRUE(m->Forward(kv3, toks.data() + 7, 5, true, chunk.data()).ok());
     std::vector<float> tail(all.begin() + 7 * V, all.end());
-    EXPECT_LT(MaxAbsDiff(tail, chunk), 1e-4) << s.arch;
+    EXPECT_EQ(MaxAbsDiff(tail, chunk), 0.0f) << s.arch;
     EXPECT_EQ(kv3.n_past, n);
   }
   std::filesystem::remove(path);
@@ -303,7 +303,7 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
 
 // Native matrices stay in their tiles by default (fewer bytes than Q8/g64), track the reference
 // path as closely as the Q8/g64 conversion does, and decode row by row equals the batched forward
-// (the 1-row and multi-row kernel paths agree).
+// bit for bit (the 1-row and multi-row kernel paths agree exactly).
 void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   const std::string path = WriteTinyModel(s, seed);
   auto native = LoadTiny(path, false, WeightMode::kNative);
@@ -339,7 +339,7 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   for (int64_t t = 0; t < n; ++t) {
     ASSERT_TRUE(native->Forward(kv, &toks[t], 1, false, one.data()).ok());
     std::vector<float> row(a.begin() + t * V, a.begin() + (t + 1) * V);
-    EXPECT_LT(MaxAbsDiff(row, one), 1e-4) << s.arch << " position " << t;
+    EXPECT_EQ(MaxAbsDiff(row, one), 0.0f) << s.arch << " position " << t;  // bit-identical
   }
   std::filesystem::remove(path);
 }

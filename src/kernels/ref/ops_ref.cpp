@@ -120,54 +120,59 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
   MatmulKIntGlu(gate, up, x, n_rows, act, y, ldy, t_begin * kKTile, std::min(gate.rows, t_end * kKTile));
 }
 
-void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
-                  int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch) {
-  float* s = scratch;                 // (n_q, kAttnBlock) scores, then probabilities
-  float* row = s + n_q * kAttnBlock;  // (hd) one K or V row in FP32
-  float* m = row + 2 * hd;            // (n_q) running max
-  float* l = m + n_q;                 // (n_q) running sum of exp
-  for (int64_t h = 0; h < n_q; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0;
-    for (int64_t i = 0; i < hd; ++i) out[h * hd + i] = 0;
-  }
-  for (int64_t b0 = j_begin; b0 < j_end; b0 += kAttnBlock) {
-    const int64_t nb = std::min(kAttnBlock, j_end - b0);
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const uint16_t* kr = k + (b0 + jj) * kv_stride;
-      for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(kr[i]);
+void AttentionGqa(const AttnChunk& a, float* scratch) {
+  const int64_t n_q = a.n_q, hd = a.hd;
+  float* s = scratch;                       // (n_q, kAttnBlock) scores, then probabilities
+  float* row = s + n_q * kAttnBlock;        // (hd) one K or V row in FP32
+  float* m = row + hd;                      // (n_q) running max
+  float* l = m + n_q;                       // (n_q) running sum of exp
+  for (int64_t r = 0; r < a.n_rows; ++r) {  // rows one at a time: no sharing in the oracle
+    const float* q = a.q + r * a.q_stride;
+    float* out = a.out + r * a.out_stride;
+    const int64_t lo = a.lo[r], hi = a.hi[r];
+    for (int64_t h = 0; h < n_q; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0;
+      for (int64_t i = 0; i < hd; ++i) out[h * hd + i] = 0;
+    }
+    for (int64_t b0 = lo / kAttnBlock * kAttnBlock; b0 < hi; b0 += kAttnBlock) {
+      const int64_t j0 = std::max(b0, lo), j1 = std::min(b0 + kAttnBlock, hi);
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint16_t* kr = a.k + j * a.kv_stride;
+        for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(kr[i]);
+        for (int64_t h = 0; h < n_q; ++h) {
+          float dot = 0;
+          for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * row[i];
+          s[h * kAttnBlock + j - b0] = dot * a.scale;
+        }
+      }
       for (int64_t h = 0; h < n_q; ++h) {
-        float dot = 0;
-        for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * row[i];
-        s[h * kAttnBlock + jj] = dot * scale;
+        float bm = m[h];
+        for (int64_t j = j0; j < j1; ++j) bm = std::fmax(bm, s[h * kAttnBlock + j - b0]);
+        const float corr = std::exp(m[h] - bm);  // exp(-inf) = 0 on the first block
+        m[h] = bm;
+        float sum = 0;
+        for (int64_t j = j0; j < j1; ++j) {
+          const float p = std::exp(s[h * kAttnBlock + j - b0] - bm);
+          s[h * kAttnBlock + j - b0] = p;
+          sum += p;
+        }
+        l[h] = l[h] * corr + sum;
+        for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= corr;
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint16_t* vr = a.v + j * a.kv_stride;
+        for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(vr[i]);
+        for (int64_t h = 0; h < n_q; ++h) {
+          const float p = s[h * kAttnBlock + j - b0];
+          for (int64_t i = 0; i < hd; ++i) out[h * hd + i] += p * row[i];
+        }
       }
     }
     for (int64_t h = 0; h < n_q; ++h) {
-      float bm = m[h];
-      for (int64_t jj = 0; jj < nb; ++jj) bm = std::fmax(bm, s[h * kAttnBlock + jj]);
-      const float corr = std::exp(m[h] - bm);  // exp(-inf) = 0 on the first block
-      m[h] = bm;
-      float sum = 0;
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        const float p = std::exp(s[h * kAttnBlock + jj] - bm);
-        s[h * kAttnBlock + jj] = p;
-        sum += p;
-      }
-      l[h] = l[h] * corr + sum;
-      for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= corr;
+      const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+      for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= inv;
     }
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const uint16_t* vr = v + (b0 + jj) * kv_stride;
-      for (int64_t i = 0; i < hd; ++i) row[i] = Bf16ToF32(vr[i]);
-      for (int64_t h = 0; h < n_q; ++h) {
-        const float p = s[h * kAttnBlock + jj];
-        for (int64_t i = 0; i < hd; ++i) out[h * hd + i] += p * row[i];
-      }
-    }
-  }
-  for (int64_t h = 0; h < n_q; ++h) {
-    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
-    for (int64_t i = 0; i < hd; ++i) out[h * hd + i] *= inv;
   }
 }
 

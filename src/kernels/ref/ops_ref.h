@@ -34,9 +34,8 @@ void MatmulKTiles(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, in
                   int64_t t_end);
 void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
                      int64_t ldy, int64_t t_begin, int64_t t_end);
-// KernelTable::attention (ops.h), scalar.
-void AttentionGqa(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
-                  int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
+// KernelTable::attention (ops.h), scalar: each row alone, blocks of kAttnBlock positions.
+void AttentionGqa(const AttnChunk& a, float* scratch);
 // Per row, per kActGroup-input group symmetric int8 quantization: scale = amax/127, q = round(x/scale).
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 

@@ -1,16 +1,22 @@
 // AVX-512 attention over the BF16 KV cache (KernelTable::attention, ops.h), for head sizes that
-// are a multiple of 32 (up to 256): blocks of 16 cache positions, one position per lane.
+// are a multiple of 32 (up to 256): blocks of 16 cache positions aligned to multiples of 16, one
+// position per lane.
 //
-// Per block, K is read once for all n_q query heads of the GQA group, transposed on the way in
-// (16 x 16 transposes of 32-bit words, each word a BF16 pair (i, i+1); shift and mask make them
-// two FP32 rows of K^T), so the scores of a head are hd FMAs with the query element broadcast
-// from memory and no horizontal sums; the online softmax runs on the 16 lanes; V is converted once
-// per block and each head's output stays in registers while the block's probabilities are
-// applied. Same online-softmax algorithm as ref::AttentionGqa, so results agree to rounding.
+// Per block, K is read and transposed once for every query row and head of the chunk (16 x 16
+// transposes of 32-bit words, each word a BF16 pair (i, i+1); shift and mask make them two FP32
+// rows of K^T), and V converted once. The (row, head) pairs of the chunk then take the block in
+// groups of up to four: the scores are hd FMAs per pair with the query element broadcast from
+// memory and no horizontal sums (each K^T load serves the whole group), the online softmax runs
+// on the 16 lanes, and the probabilities are applied to V with the pairs' outputs in registers.
+// A prefill chunk of R rows thus reads and converts each K/V block once instead of R times.
+// Every pair's arithmetic is the same whatever group it falls in (fixed FMA chains), so a row's
+// result does not depend on the rows that share its call. Same online-softmax algorithm as
+// ref::AttentionGqa, so results agree to rounding.
 // GCC 12's 512-bit conversion intrinsics start from a self-initialized "undefined" register
 // (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/x86/kernels_x86.h"
@@ -55,53 +61,173 @@ inline __m512 Exp16(__m512 x) {
   }
 }
 
-// out (nc x 16 floats) = out * corr + sum over the block's nb positions of p[jj] * vf[jj]: the
-// head's output in NC registers (one chain per 16-float chunk).
-template <int NC>
-inline void AccumulateV(const float* p, const float* vf, int64_t nb, float corr, float* out) {
-  __m512 acc[NC];
-  const __m512 cv = _mm512_set1_ps(corr);
-#pragma GCC unroll 16
-  for (int c = 0; c < NC; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(out + 16 * c), cv);
-  for (int64_t jj = 0; jj < nb; ++jj) {
-    const __m512 pj = _mm512_set1_ps(p[jj]);
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vf + jj * 16 * NC + 16 * c), acc[c]);
+// Scores of P (row, head) pairs against the block's K^T (hd x 16): two FMA chains per pair (even
+// and odd i) for every P, so a pair's scores do not depend on the pairs computed with it.
+template <int P>
+[[gnu::always_inline]] inline void Scores(const float* const* qp, const float* kt, int64_t hd, __m512* s) {
+  __m512 a[P], b[P];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) a[p] = b[p] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < hd; i += 2) {
+    const __m512 k0 = _mm512_loadu_ps(kt + i * kBlock), k1 = _mm512_loadu_ps(kt + (i + 1) * kBlock);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      a[p] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][i]), k0, a[p]);
+      b[p] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][i + 1]), k1, b[p]);
+    }
   }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) s[p] = _mm512_add_ps(a[p], b[p]);
+}
+
+// out_p = out_p * corr_p + sum over the block's 16 positions of prob_p[jj] * vf[jj], for P pairs
+// whose outputs (NC 16-float chunks each) stay in registers; each V load serves the P pairs.
+template <int NC, int P>
+[[gnu::always_inline]] inline void AccumulateV(const float* const* prob, const float* corr, const float* vf,
+                                               float* const* out) {
+  __m512 acc[P][NC];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const __m512 cv = _mm512_set1_ps(corr[p]);
 #pragma GCC unroll 16
-  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+    for (int c = 0; c < NC; ++c) acc[p][c] = _mm512_mul_ps(_mm512_loadu_ps(out[p] + 16 * c), cv);
+  }
+  for (int64_t jj = 0; jj < kBlock; ++jj) {
+    __m512 pj[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) pj[p] = _mm512_set1_ps(prob[p][jj]);
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) {
+      const __m512 vv = _mm512_loadu_ps(vf + jj * 16 * NC + 16 * c);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(pj[p], vv, acc[p][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[p] + 16 * c, acc[p][c]);
+  }
+}
+
+using AccumulateFn = void (*)(int np, const float* const* prob, const float* corr, const float* vf, float* const* out);
+
+// np (<= 4) pairs through AccumulateV, as many at once as the registers hold.
+template <int NC>
+void AccumulateGroup(int np, const float* const* prob, const float* corr, const float* vf, float* const* out) {
+  constexpr int P = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
+  int p = 0;
+  for (; p + P <= np; p += P) AccumulateV<NC, P>(prob + p, corr + p, vf, out + p);
+  for (; p < np; ++p) AccumulateV<NC, 1>(prob + p, corr + p, vf, out + p);
+}
+
+AccumulateFn PickAccumulate(int64_t nc) {
+  switch (nc) {
+    case 2:
+      return &AccumulateGroup<2>;
+    case 4:
+      return &AccumulateGroup<4>;
+    case 6:
+      return &AccumulateGroup<6>;
+    case 8:
+      return &AccumulateGroup<8>;
+    case 10:
+      return &AccumulateGroup<10>;
+    case 12:
+      return &AccumulateGroup<12>;
+    case 14:
+      return &AccumulateGroup<14>;
+    default:
+      return &AccumulateGroup<16>;
+  }
+}
+
+// Up to four pairs waiting for the block: their query heads, outputs, lane masks and running
+// softmax state.
+struct Group {
+  int n = 0;
+  const float* q[4];
+  float* out[4];
+  __mmask16 valid[4];
+  float* m[4];
+  float* l[4];
+};
+
+template <int P>
+void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float (*prob)[kBlock], float* corr) {
+  __m512 s[P];
+  Scores<P>(g.q, kt, hd, s);
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const __m512 sv =
+        _mm512_mask_blend_ps(g.valid[p], _mm512_set1_ps(-INFINITY), _mm512_mul_ps(s[p], _mm512_set1_ps(scale)));
+    const float bm = std::fmax(*g.m[p], _mm512_reduce_max_ps(sv));
+    corr[p] = std::exp(*g.m[p] - bm);  // exp(-inf) = 0 on the row's first block
+    *g.m[p] = bm;
+    const __m512 pv = _mm512_maskz_mov_ps(g.valid[p], Exp16(_mm512_sub_ps(sv, _mm512_set1_ps(bm))));
+    _mm512_storeu_ps(prob[p], pv);
+    *g.l[p] = *g.l[p] * corr[p] + _mm512_reduce_add_ps(pv);
+  }
+}
+
+// Scores, softmax update and V accumulation of a group against the current block.
+void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale, AccumulateFn accumulate) {
+  alignas(64) float prob[4][kBlock];
+  float corr[4];
+  switch (g.n) {
+    case 1:
+      ScoreGroup<1>(g, kt, hd, scale, prob, corr);
+      break;
+    case 2:
+      ScoreGroup<2>(g, kt, hd, scale, prob, corr);
+      break;
+    case 3:
+      ScoreGroup<3>(g, kt, hd, scale, prob, corr);
+      break;
+    default:
+      ScoreGroup<4>(g, kt, hd, scale, prob, corr);
+  }
+  const float* pp[4] = {prob[0], prob[1], prob[2], prob[3]};
+  accumulate(g.n, pp, corr, vf, g.out);
+  g.n = 0;
 }
 
 }  // namespace
 
 namespace mr::x86 {
 
-void AttentionGqaAvx512(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v,
-                        int64_t kv_stride, int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch) {
+void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
+  const int64_t hd = a.hd, n_q = a.n_q, n_rows = a.n_rows;
   if (hd % 32 != 0 || hd > 256) {
-    AttentionGqaAvx2(q, n_q, hd, k, v, kv_stride, j_begin, j_end, scale, out, scratch);
+    AttentionGqaAvx2(a, scratch);
     return;
   }
-  const int64_t nc = hd / kBlock;  // 16-float chunks of a head
-  float* kt = scratch;             // (hd, 16): K^T of the block
-  float* vf = kt + hd * kBlock;    // (16, hd): V of the block in FP32
-  float* m = vf + kBlock * hd;     // (n_q) running max
-  float* l = m + n_q;              // (n_q) running sum of exp
-  for (int64_t h = 0; h < n_q; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0;
-    for (int64_t c = 0; c < nc; ++c) _mm512_storeu_ps(out + h * hd + kBlock * c, _mm512_setzero_ps());
+  float* kt = scratch;           // (hd, 16): K^T of the block
+  float* vf = kt + hd * kBlock;  // (16, hd): V of the block in FP32
+  float* m = vf + kBlock * hd;   // (n_rows * n_q) running max
+  float* l = m + n_rows * n_q;   // (n_rows * n_q) running sum of exp
+  int64_t jmin = a.lo[0], jmax = a.hi[0];
+  for (int64_t r = 0; r < n_rows; ++r) {
+    jmin = std::min(jmin, a.lo[r]);
+    jmax = std::max(jmax, a.hi[r]);
+    float* out = a.out + r * a.out_stride;
+    for (int64_t h = 0; h < n_q; ++h) {
+      m[r * n_q + h] = -INFINITY;
+      l[r * n_q + h] = 0;
+      for (int64_t i = 0; i < hd; i += 16) _mm512_storeu_ps(out + h * hd + i, _mm512_setzero_ps());
+    }
   }
+  const AccumulateFn accumulate = PickAccumulate(hd / 16);
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t b0 = j_begin; b0 < j_end; b0 += kBlock) {
-    const int64_t nb = j_end - b0 < kBlock ? j_end - b0 : kBlock;
-    const __mmask16 valid = static_cast<__mmask16>((1u << nb) - 1);
-    const uint16_t* kb = k + b0 * kv_stride;
+  for (int64_t b0 = jmin / kBlock * kBlock; b0 < jmax; b0 += kBlock) {
+    // Positions of the block that some row reads; the others are zero (never read from memory).
+    const int64_t j0 = std::max(b0, jmin) - b0, j1 = std::min(b0 + kBlock, jmax) - b0;
+    const uint16_t* kb = a.k + b0 * a.kv_stride;
     for (int64_t i0 = 0; i0 < hd; i0 += 32) {  // 16 BF16 pairs of each position, transposed
       __m512i r[16];
 #pragma GCC unroll 16
       for (int64_t jj = 0; jj < kBlock; ++jj) {
-        r[jj] = jj < nb ? _mm512_loadu_si512(kb + jj * kv_stride + i0) : _mm512_setzero_si512();
+        r[jj] = jj >= j0 && jj < j1 ? _mm512_loadu_si512(kb + jj * a.kv_stride + i0) : _mm512_setzero_si512();
       }
       Transpose16x16(r);  // r[p]: pair (i0 + 2p, i0 + 2p + 1) of the 16 positions
 #pragma GCC unroll 16
@@ -110,58 +236,42 @@ void AttentionGqaAvx512(const float* q, int64_t n_q, int64_t hd, const uint16_t*
         _mm512_storeu_ps(kt + (i0 + 2 * pr + 1) * kBlock, _mm512_castsi512_ps(_mm512_and_si512(r[pr], hi_mask)));
       }
     }
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const uint16_t* vr = v + (b0 + jj) * kv_stride;
-      for (int64_t c = 0; c < nc; ++c) {
-        const __m256i h16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + kBlock * c));
-        _mm512_storeu_ps(vf + jj * hd + kBlock * c,
-                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h16), 16)));
+    for (int64_t jj = 0; jj < kBlock; ++jj) {
+      const bool in = jj >= j0 && jj < j1;
+      const uint16_t* vr = a.v + (b0 + jj) * a.kv_stride;
+      for (int64_t i = 0; i < hd; i += 16) {
+        const __m512 x =
+            in ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                     _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + i))), 16))
+               : _mm512_setzero_ps();
+        _mm512_storeu_ps(vf + jj * hd + i, x);
       }
     }
-    for (int64_t h = 0; h < n_q; ++h) {
-      const float* qh = q + h * hd;
-      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  // four chains over i
-      for (int64_t i = 0; i < hd; i += 4) {
-        s0 = _mm512_fmadd_ps(_mm512_set1_ps(qh[i]), _mm512_loadu_ps(kt + i * kBlock), s0);
-        s1 = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 1]), _mm512_loadu_ps(kt + (i + 1) * kBlock), s1);
-        s2 = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 2]), _mm512_loadu_ps(kt + (i + 2) * kBlock), s2);
-        s3 = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 3]), _mm512_loadu_ps(kt + (i + 3) * kBlock), s3);
-      }
-      const __m512 s = _mm512_mask_blend_ps(
-          valid, _mm512_set1_ps(-INFINITY),
-          _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), _mm512_set1_ps(scale)));
-      const float bm = std::fmax(m[h], _mm512_reduce_max_ps(s));
-      const float corr = std::exp(m[h] - bm);  // exp(-inf) = 0 on the first block
-      m[h] = bm;
-      alignas(64) float p[kBlock];
-      const __m512 pv = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(bm))));
-      _mm512_store_ps(p, pv);
-      l[h] = l[h] * corr + _mm512_reduce_add_ps(pv);
-      switch (nc) {
-        case 4:
-          AccumulateV<4>(p, vf, nb, corr, out + h * hd);
-          break;
-        case 8:
-          AccumulateV<8>(p, vf, nb, corr, out + h * hd);
-          break;
-        case 16:
-          AccumulateV<16>(p, vf, nb, corr, out + h * hd);
-          break;
-        default:  // other multiples of 16: 16 floats at a time
-          for (int64_t c = 0; c < nc; ++c) {
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(out + h * hd + kBlock * c), _mm512_set1_ps(corr));
-            for (int64_t jj = 0; jj < nb; ++jj) {
-              acc = _mm512_fmadd_ps(_mm512_set1_ps(p[jj]), _mm512_loadu_ps(vf + jj * hd + kBlock * c), acc);
-            }
-            _mm512_storeu_ps(out + h * hd + kBlock * c, acc);
-          }
+    Group g;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t lo = a.lo[r] - b0, hi = a.hi[r] - b0;  // the row's positions, relative to the block
+      if (lo >= kBlock || hi <= 0) continue;
+      const uint32_t below_hi = hi >= kBlock ? 0xFFFFu : (1u << hi) - 1;
+      const uint32_t from_lo = lo <= 0 ? 0xFFFFu : 0xFFFFu & ~((1u << lo) - 1);
+      const __mmask16 valid = static_cast<__mmask16>(below_hi & from_lo);
+      for (int64_t h = 0; h < n_q; ++h) {
+        g.q[g.n] = a.q + r * a.q_stride + h * hd;
+        g.out[g.n] = a.out + r * a.out_stride + h * hd;
+        g.valid[g.n] = valid;
+        g.m[g.n] = m + r * n_q + h;
+        g.l[g.n] = l + r * n_q + h;
+        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, accumulate);
       }
     }
+    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale, accumulate);
   }
-  for (int64_t h = 0; h < n_q; ++h) {
-    const __m512 inv = _mm512_set1_ps(l[h] > 0 ? 1.0f / l[h] : 0.0f);
-    for (int64_t c = 0; c < nc; ++c) {
-      _mm512_storeu_ps(out + h * hd + kBlock * c, _mm512_mul_ps(_mm512_loadu_ps(out + h * hd + kBlock * c), inv));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* out = a.out + r * a.out_stride;
+    for (int64_t h = 0; h < n_q; ++h) {
+      const float lv = l[r * n_q + h];
+      const __m512 inv = _mm512_set1_ps(lv > 0 ? 1.0f / lv : 0.0f);
+      for (int64_t i = 0; i < hd; i += 16)
+        _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(_mm512_loadu_ps(out + h * hd + i), inv));
     }
   }
 }

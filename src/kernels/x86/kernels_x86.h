@@ -13,10 +13,8 @@ void MatmulQ8Avx2(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n
                   int64_t t_begin, int64_t t_end);
 void MatmulQ8GluAvx2(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
                      GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
-void AttentionGqaAvx2(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
-                      int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
-void AttentionGqaAvx512(const float* q, int64_t n_q, int64_t hd, const uint16_t* k, const uint16_t* v,
-                        int64_t kv_stride, int64_t j_begin, int64_t j_end, float scale, float* out, float* scratch);
+void AttentionGqaAvx2(const AttnChunk& a, float* scratch);
+void AttentionGqaAvx512(const AttnChunk& a, float* scratch);
 void QuantizeActsAvx2(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 
 void MatmulQ8Avx512(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
