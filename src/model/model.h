@@ -1,6 +1,8 @@
-// A loaded model: hyperparameters, Q8/g64 weights, tokenizer, and the forward pass over a
-// KV cache. Architectures (one file each: arch_llama.cpp, arch_qwen2.cpp, arch_gemma3.cpp)
-// read their hyperparameters and describe their block; transformer.cpp runs the shared ops.
+// A loaded model: hyperparameters, weights in their fast-path formats, tokenizer, and the
+// forward pass over a KV cache. Architectures (one file each: arch_llama.cpp, arch_qwen2.cpp,
+// arch_gemma3.cpp) read their hyperparameters into ModelConfig; model.cpp loads the weights,
+// forward.cpp runs the shared block structure over an op set (forward_ops.h: reference or
+// fast), kv_cache.h holds the per-sequence cache.
 //
 // Thread-safety: Forward mutates the KV cache and internal workspaces: call it from one
 // thread (the engine thread). The model itself is read-only after Load.
@@ -21,6 +23,7 @@
 #include "kernels/ops.h"
 #include "kernels/q8.h"
 #include "kernels/weight_matrix.h"
+#include "model/kv_cache.h"
 #include "model/tokenizer.h"
 
 namespace mr {
@@ -28,6 +31,7 @@ namespace gguf {
 class GgufFile;
 struct TensorInfo;
 }  // namespace gguf
+class ForwardOps;
 
 enum class Arch { kLlama, kQwen2, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
@@ -72,61 +76,6 @@ struct ModelWeights {
   std::vector<float> output_norm;
   WeightMatrix output;  // (n_vocab, d_model); empty when tied (tok_embd is used)
   std::vector<LayerWeights> layers;
-};
-
-// A BF16 buffer of KV rows backed by an anonymous private mapping: pages cost no resident
-// memory until written (untouched positions of a long-context cache are free), and Release()
-// hands them back to the OS (they read as zero afterwards). Movable, not copyable.
-class KvBuffer {
- public:
-  KvBuffer() = default;
-  explicit KvBuffer(size_t n);  // n uint16_t, zero; throws std::bad_alloc as operator new would
-  KvBuffer(KvBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  KvBuffer& operator=(KvBuffer&& o) noexcept;
-  KvBuffer(const KvBuffer&) = delete;
-  KvBuffer& operator=(const KvBuffer&) = delete;
-  ~KvBuffer();
-
-  uint16_t* data() { return p_; }
-  const uint16_t* data() const { return p_; }
-  size_t size() const { return n_; }
-  uint16_t* begin() { return p_; }
-  uint16_t* end() { return p_ + n_; }
-  const uint16_t* begin() const { return p_; }
-  const uint16_t* end() const { return p_ + n_; }
-  uint16_t& operator[](size_t i) { return p_[i]; }
-  const uint16_t& operator[](size_t i) const { return p_[i]; }
-  // Returns the pages to the OS (madvise MADV_DONTNEED); the contents read as zero after.
-  void Release();
-
- private:
-  uint16_t* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// Per-sequence KV cache in BF16. k[l], v[l]: (n_ctx, n_head_kv * head_dim). Memory is lazy:
-// a position costs resident memory only once written. Movable, not copyable.
-struct KvCache {
-  int64_t n_ctx = 0;
-  int64_t kv_dim = 0;
-  int64_t n_past = 0;  // positions filled
-  std::vector<KvBuffer> k, v;
-
-  KvCache() = default;
-  KvCache(KvCache&&) noexcept = default;
-  KvCache& operator=(KvCache&&) noexcept = default;
-  KvCache(const KvCache&) = delete;
-  KvCache& operator=(const KvCache&) = delete;
-
-  // A cache of n_layer layers of (n_ctx, kv_dim) rows, empty (n_past 0, no resident pages).
-  static KvCache Allocate(int64_t n_layer, int64_t n_ctx, int64_t kv_dim);
-  size_t bytes() const;         // reserved (address space): n_ctx rows of every layer's k and v
-  size_t bytes_in_use() const;  // rows filled: n_past * kv_dim * 2 bytes * 2 (k, v) * n_layer
-  // Empties the cache (n_past 0) and returns its pages to the OS; it stays usable.
-  void Release();
 };
 
 // Fast-path weight formats. kNative: Q4_K and Q6_K tensors keep the file's words (kquant.h),
@@ -196,17 +145,7 @@ class Model {
   Model();
   Status LoadWeights();
   Status LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out);
-  void Matmul(const WeightMatrix& w, const float* x, int64_t n_rows, float* y);
-  void MatmulSource(const gguf::TensorInfo& t, const float* x, int64_t n_rows, float* y, int64_t ldy);
-  void QuantizeInput(const float* x, int64_t n_rows, int64_t cols);
-  int64_t TileChunk(int64_t tiles) const;  // chunk size of a matmul op for ParallelForDynamic
-  void MatmulQuantized(const WeightMatrix& w, int64_t n_rows, float* y);
-  void MatmulQkv(const LayerWeights& L, int64_t n_rows);
-  void InitRope();
-  void RopeRow(float* v, int64_t n_heads, int64_t pos, bool swa);
   Status CheckBatch(std::span<const BatchSeq> seqs) const;
-  void AttentionRef(int64_t layer, int64_t n, const float* q, float* out);
-  void Attention(int64_t layer, int64_t n, const float* q, float* out);
 
   ModelConfig cfg_;
   ModelWeights w_;
@@ -216,19 +155,14 @@ class Model {
   bool ref_path_ = false;
   bool vocab_only_ = false;
   const KernelTable* kernels_ = nullptr;
-  // Workspaces, grown on demand.
-  QActs qa_;
-  const float* qa_src_ = nullptr;
-  std::vector<float> x_, h_, q_, k_, v_, att_, gate_, up_, tmp_;
-  std::vector<KvCache*> row_kv_;                          // (rows) the cache of each row of the batch
-  std::vector<int64_t> row_pos_;                          // (rows) its position in that cache
-  std::vector<int64_t> att_lo_, att_hi_;                  // (rows) the cache positions a row attends
-  std::vector<std::pair<int64_t, int64_t>> att_chunks_;   // (first row, rows): attention chunks
-  std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
-  std::vector<float> ref_rows_;  // (threads, cols) dequantized weight rows for the reference path
+  std::unique_ptr<ForwardOps> ops_;  // the reference or the fast op set (forward_ops.h)
+  // Workspaces of the shared block structure (forward.cpp), grown on demand.
+  std::vector<float> x_, h_, q_, k_, v_, gate_, tmp_;
+  std::vector<KvCache*> row_kv_;  // (rows) the cache of each row of the batch
+  std::vector<int64_t> row_pos_;  // (rows) its position in that cache
   std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
   bool native_weights_ = true;                                               // LoadOptions::weights == kNative
-  int64_t n_native_ = 0;  // > 0: QuantizeInput also fills the activation sums the K-quant kernels read
+  int64_t n_native_ = 0;  // matrices in a native K-quant format (their kernels read activation sums)
 };
 
 // Architecture hyperparameter readers (one file each).

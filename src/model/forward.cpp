@@ -1,0 +1,177 @@
+// The forward pass: the block structure every architecture shares, run over the op set chosen
+// at load (forward_ops.h: reference or fast). Architecture differences are configuration
+// (ModelConfig: biases, QK-norm, post-norms, activation, embedding scale, sliding windows) read by
+// the arch_*.cpp files; nothing here depends on the path.
+#include <algorithm>
+
+#include "base/half.h"
+#include "kernels/ref/ops_ref.h"
+#include "model/forward_ops.h"
+#include "model/model.h"
+
+namespace mr {
+
+// Validates a batch before anything is touched. Messages name the sequence when there are
+// several; a batch of one (Forward) gets Forward's messages.
+Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
+  if (vocab_only_)
+    return InvalidArgument("[model] loaded vocabulary only (LoadOptions::vocab_only): no weights to run");
+  if (seqs.empty()) return InvalidArgument("[model] ForwardBatch called with no sequences");
+  const bool many = seqs.size() > 1;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const BatchSeq& s = seqs[i];
+    // Built only on failure: validation of a good batch allocates nothing.
+    auto which = [&] {
+      return many ? " (sequence " + std::to_string(i) + " of " + std::to_string(seqs.size()) + ")" : std::string();
+    };
+    if (s.kv == nullptr) return InvalidArgument("[model] ForwardBatch: null KV cache" + which());
+    if (s.n <= 0) {
+      return InvalidArgument(many ? "[model] ForwardBatch: " + std::to_string(s.n) + " tokens" + which() +
+                                        ", expected at least 1"
+                                  : std::string("[model] Forward called with no tokens"));
+    }
+    if (s.tokens == nullptr) return InvalidArgument("[model] ForwardBatch: null tokens" + which());
+    for (size_t j = 0; j < i; ++j) {
+      if (seqs[j].kv == s.kv) {
+        return InvalidArgument("[model] ForwardBatch: sequences " + std::to_string(j) + " and " + std::to_string(i) +
+                               " share a KV cache; each sequence needs its own");
+      }
+    }
+    if (s.kv->n_past < 0 || s.kv->n_past + s.n > s.kv->n_ctx) {
+      return OutOfRange("[model] context overflow: " + std::to_string(s.kv->n_past + s.n) + " positions > " +
+                        std::to_string(s.kv->n_ctx) + which());
+    }
+    if (static_cast<int64_t>(s.kv->k.size()) != cfg_.n_layer || s.kv->kv_dim != cfg_.n_head_kv * cfg_.head_dim) {
+      return InvalidArgument("[model] KV cache" + which() +
+                             " was not made for this model: " + std::to_string(s.kv->k.size()) + " layers of " +
+                             std::to_string(s.kv->kv_dim) + ", expected " + std::to_string(cfg_.n_layer) + " of " +
+                             std::to_string(cfg_.n_head_kv * cfg_.head_dim));
+    }
+    for (int64_t t = 0; t < s.n; ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= cfg_.n_vocab) {
+        return InvalidArgument("[model] token id " + std::to_string(s.tokens[t]) + " out of range [0, " +
+                               std::to_string(cfg_.n_vocab) + ")" + which());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
+  const BatchSeq one{&kv, tokens, n, all_logits};
+  return ForwardBatch(std::span<const BatchSeq>(&one, 1), logits);
+}
+
+// The rows of all sequences are concatenated (sequence order, then position): every matmul
+// runs once over all of them, so each weight matrix is streamed once per step whatever the
+// number of sequences. Row-wise ops (norms, biases, RoPE at the row's own position, KV writes
+// into the row's own cache) and attention (each row against its own cache) are per row, so a
+// row's numbers do not depend on the batch it is in.
+Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
+  MR_RETURN_IF_ERROR(CheckBatch(seqs));
+  const ModelConfig& c = cfg_;
+  ForwardOps& ops = *ops_;
+  int64_t n = 0, n_out = 0;
+  for (const BatchSeq& s : seqs) {
+    n += s.n;
+    n_out += s.all_logits ? s.n : 1;
+  }
+  const int64_t d = c.d_model, hd = c.head_dim, q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  // Workspaces only grow: steady decode allocates nothing.
+  auto grow = [](auto& v, int64_t size) {
+    if (v.size() < static_cast<size_t>(size)) v.resize(static_cast<size_t>(size));
+  };
+  grow(x_, n * d);
+  grow(h_, n * std::max(d, q_dim));
+  grow(q_, n * q_dim);
+  grow(k_, n * kv_dim);
+  grow(v_, n * kv_dim);
+  grow(tmp_, n * std::max(d, q_dim));
+  grow(gate_, n * c.d_ff);
+  grow(row_kv_, n);
+  grow(row_pos_, n);
+
+  {
+    int64_t r = 0;
+    for (const BatchSeq& s : seqs) {
+      for (int64_t t = 0; t < s.n; ++t, ++r) {
+        row_kv_[r] = s.kv;
+        row_pos_[r] = s.kv->n_past + t;
+        float* xr = x_.data() + r * d;
+        ops.Embed(w_.tok_embd, s.tokens[t], xr);
+        if (c.embed_scale != 1.0f)
+          for (int64_t i = 0; i < d; ++i) xr[i] *= c.embed_scale;
+      }
+    }
+  }
+  const ForwardRows rows{std::span<KvCache* const>(row_kv_.data(), static_cast<size_t>(n)),
+                         std::span<const int64_t>(row_pos_.data(), static_cast<size_t>(n))};
+  const GluAct act = c.act == Activation::kSilu ? GluAct::kSilu : GluAct::kGeluTanh;
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    for (int64_t t = 0; t < n; ++t)
+      ref::RmsNorm(x_.data() + t * d, L.attn_norm.data(), d, c.rms_eps, h_.data() + t * d);
+    ops.Qkv(L, h_.data(), n, q_.data(), k_.data(), v_.data());
+    const bool swa = c.layer_is_swa[l];
+    for (int64_t t = 0; t < n; ++t) {
+      float* qr = q_.data() + t * q_dim;
+      float* kr = k_.data() + t * kv_dim;
+      float* vr = v_.data() + t * kv_dim;
+      const int64_t pos = row_pos_[t];
+      if (c.qkv_bias) {
+        for (int64_t i = 0; i < q_dim; ++i) qr[i] += L.bq[i];
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          kr[i] += L.bk[i];
+          vr[i] += L.bv[i];
+        }
+      }
+      if (c.qk_norm) {
+        for (int64_t h = 0; h < c.n_head; ++h) ref::RmsNorm(qr + h * hd, L.q_norm.data(), hd, c.rms_eps, qr + h * hd);
+        for (int64_t h = 0; h < c.n_head_kv; ++h)
+          ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
+      }
+      ops.Rope(qr, c.n_head, pos, swa);
+      ops.Rope(kr, c.n_head_kv, pos, swa);
+      KvCache& kv = *row_kv_[t];
+      uint16_t* kc = kv.k[l].data() + pos * kv_dim;
+      uint16_t* vc = kv.v[l].data() + pos * kv_dim;
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        kc[i] = F32ToBf16(kr[i]);
+        vc[i] = F32ToBf16(vr[i]);
+      }
+    }
+    ops.Attention(l, swa && c.sliding_window > 0, rows, n, q_.data(), h_.data());
+    ops.Matmul(L.wo, h_.data(), n, tmp_.data());
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = tmp_.data() + t * d;
+      if (c.post_norms) ref::RmsNorm(o, L.post_attn_norm.data(), d, c.rms_eps, o);
+      for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
+      ref::RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, c.rms_eps, h_.data() + t * d);
+    }
+    ops.Glu(L.w_gate, L.w_up, h_.data(), n, act, gate_.data());
+    ops.Matmul(L.w_down, gate_.data(), n, tmp_.data());
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = tmp_.data() + t * d;
+      if (c.post_norms) ref::RmsNorm(o, L.post_ffn_norm.data(), d, c.rms_eps, o);
+      for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
+    }
+  }
+
+  // Output norm and matmul only on the rows whose logits are wanted, gathered contiguously in
+  // sequence order: every row of an all_logits sequence, the last row of the others.
+  {
+    int64_t r = 0, o = 0;
+    for (const BatchSeq& s : seqs) {
+      for (int64_t t = s.all_logits ? 0 : s.n - 1; t < s.n; ++t, ++o) {
+        ref::RmsNorm(x_.data() + (r + t) * d, w_.output_norm.data(), d, c.rms_eps, h_.data() + o * d);
+      }
+      r += s.n;
+    }
+  }
+  ops.Matmul(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, logits);
+  for (const BatchSeq& s : seqs) s.kv->n_past += s.n;
+  return Status::Ok();
+}
+
+}  // namespace mr
