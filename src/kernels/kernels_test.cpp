@@ -337,6 +337,19 @@ TEST(Ref, RopeRotatesPairsAndKeepsNorm) {
   EXPECT_NEAR(n0, n2, 1e-5);
 }
 
+// Llama 3.x frequency factors divide each pair's angle: pair i of a head of 8 at position 5 with
+// base 100 turns by 5 * 100^(-2i/8) / f_i.
+TEST(Ref, RopeFrequencyFactorsDivideTheAngle) {
+  const float f[4] = {1.0f, 2.0f, 4.0f, 8.0f};
+  std::vector<float> v = {1, 0, 1, 0, 1, 0, 1, 0};
+  ref::Rope(v.data(), 8, 5, 100.0f, false, f);
+  for (int i = 0; i < 4; ++i) {
+    const double theta = 5.0 * std::pow(100.0, -2.0 * i / 8.0) / f[i];
+    EXPECT_NEAR(v[2 * i], std::cos(theta), 1e-5) << i;
+    EXPECT_NEAR(v[2 * i + 1], std::sin(theta), 1e-5) << i;
+  }
+}
+
 TEST(Ref, RmsNormAndActivations) {
   std::vector<float> x = {3, 4}, w = {1, 2}, out(2);
   ref::RmsNorm(x.data(), w.data(), 2, 0.0f, out.data());

@@ -62,6 +62,65 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
   return ForwardBatch(std::span<const BatchSeq>(&one, 1), logits);
 }
 
+// Mixture of experts (qwen3moe, as llama.cpp's build_moe_ffn with softmax gating and normalized
+// weights): the router's logits in FP32 (the same on both paths, so both pick the same experts),
+// softmax over all experts, the n_expert_used most probable (ties to the lower index), their
+// probabilities renormalized. Each expert then runs once over every row that picked it (its
+// rows gathered contiguously): a verify step or prefill chunk reads each chosen expert's weights
+// once, however many rows chose it. Rows add their experts' outputs in expert order, so a row's
+// result does not depend on the other rows of the batch.
+void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out) {
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.d_model, n_exp = c.n_expert, k = c.n_expert_used, ff = c.d_ff_expert;
+  const GluAct act = c.act == Activation::kSilu ? GluAct::kSilu : GluAct::kGeluTanh;
+  moe_probs_.resize(static_cast<size_t>(n * n_exp));
+  pool_->ParallelFor(n * n_exp, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* xr = x + (i / n_exp) * d;
+      const float* wr = L.router.data() + (i % n_exp) * d;
+      float acc = 0;
+      for (int64_t j = 0; j < d; ++j) acc += xr[j] * wr[j];
+      moe_probs_[static_cast<size_t>(i)] = acc;
+    }
+  });
+  moe_rows_.resize(static_cast<size_t>(n_exp));
+  for (auto& rows : moe_rows_) rows.clear();
+  std::vector<int64_t>& order = moe_order_;
+  order.resize(static_cast<size_t>(n_exp));
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = moe_probs_.data() + t * n_exp;
+    ref::Softmax(p, n_exp);
+    for (int64_t e = 0; e < n_exp; ++e) order[static_cast<size_t>(e)] = e;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[static_cast<size_t>(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[static_cast<size_t>(j)];
+      moe_rows_[static_cast<size_t>(e)].emplace_back(t, static_cast<float>(p[e] / sum));
+    }
+  }
+  std::fill(out, out + n * d, 0.0f);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    const auto& rows = moe_rows_[static_cast<size_t>(e)];
+    const int64_t m = static_cast<int64_t>(rows.size());
+    if (m == 0) continue;
+    moe_x_.resize(static_cast<size_t>(m * d));
+    moe_g_.resize(static_cast<size_t>(m * ff));
+    moe_y_.resize(static_cast<size_t>(m * d));
+    for (int64_t j = 0; j < m; ++j)
+      std::copy(x + rows[j].first * d, x + (rows[j].first + 1) * d, moe_x_.data() + j * d);
+    ops_->Glu(L.exp_gate[e], L.exp_up[e], moe_x_.data(), m, act, moe_g_.data());
+    ops_->Matmul(L.exp_down[e], moe_g_.data(), m, moe_y_.data());
+    for (int64_t j = 0; j < m; ++j) {
+      float* o = out + rows[j].first * d;
+      const float* y = moe_y_.data() + j * d;
+      const float w = rows[j].second;
+      for (int64_t i = 0; i < d; ++i) o[i] += w * y[i];
+    }
+  }
+}
+
 // The rows of all sequences are concatenated (sequence order, then position): every matmul
 // runs once over all of them, so each weight matrix is streamed once per step whatever the
 // number of sequences. Row-wise ops (norms, biases, RoPE at the row's own position, KV writes
@@ -87,7 +146,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
   grow(k_, n * kv_dim);
   grow(v_, n * kv_dim);
   grow(tmp_, n * std::max(d, q_dim));
-  grow(gate_, n * c.d_ff);
+  grow(gate_, n * std::max(c.d_ff, c.d_ff_expert));
   grow(row_kv_, n);
   grow(row_pos_, n);
 
@@ -149,8 +208,12 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
       ref::RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, c.rms_eps, h_.data() + t * d);
     }
-    ops.Glu(L.w_gate, L.w_up, h_.data(), n, act, gate_.data());
-    ops.Matmul(L.w_down, gate_.data(), n, tmp_.data());
+    if (c.n_expert > 0) {
+      MoeFfn(L, h_.data(), n, tmp_.data());
+    } else {
+      ops.Glu(L.w_gate, L.w_up, h_.data(), n, act, gate_.data());
+      ops.Matmul(L.w_down, gate_.data(), n, tmp_.data());
+    }
     for (int64_t t = 0; t < n; ++t) {
       float* o = tmp_.data() + t * d;
       if (c.post_norms) ref::RmsNorm(o, L.post_ffn_norm.data(), d, c.rms_eps, o);

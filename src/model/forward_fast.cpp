@@ -22,6 +22,10 @@ class FastOps final : public ForwardOps {
       const float e = -2.0f * static_cast<float>(i) / static_cast<float>(hd);
       rope_inv_[i] = std::pow(c_.rope_base, e);
       rope_inv_swa_[i] = std::pow(c_.rope_base_swa, e);
+      if (!c_.rope_freq_factors.empty()) {  // Llama 3.x: per-pair factors divide the frequency
+        rope_inv_[i] /= c_.rope_freq_factors[i];
+        rope_inv_swa_[i] /= c_.rope_freq_factors[i];
+      }
     }
   }
 
@@ -125,9 +129,8 @@ class FastOps final : public ForwardOps {
 
   void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) override {
     Quantize(x, n, w.cols());
-    pool_.ParallelForDynamic(w.tiles(), TileChunk(w.tiles()), [&](int64_t b, int64_t e, int) {
-      MatmulTiles(k_, w, qa_, n, y, w.rows(), b, e);
-    });
+    pool_.ParallelForDynamic(w.tiles(), TileChunk(w.tiles()),
+                             [&](int64_t b, int64_t e, int) { MatmulTiles(k_, w, qa_, n, y, w.rows(), b, e); });
   }
 
   // Gate and up projections with the GLU in one pass.
@@ -165,10 +168,10 @@ class FastOps final : public ForwardOps {
   ThreadPool& pool_;
   const KernelTable& k_;
   const bool sums_;
-  QActs qa_;  // the quantized input of the current op
-  std::vector<float> att_;  // (threads, AttentionScratchFloats) attention scratch
-  std::vector<int64_t> lo_, hi_;  // (rows) the cache positions a row attends
-  std::vector<std::pair<int64_t, int64_t>> chunks_;  // (first row, rows): attention chunks
+  QActs qa_;                                              // the quantized input of the current op
+  std::vector<float> att_;                                // (threads, AttentionScratchFloats) attention scratch
+  std::vector<int64_t> lo_, hi_;                          // (rows) the cache positions a row attends
+  std::vector<std::pair<int64_t, int64_t>> chunks_;       // (first row, rows): attention chunks
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
 };
 

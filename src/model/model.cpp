@@ -56,10 +56,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     MR_RETURN_IF_ERROR(ReadLlamaConfig(f, &m->cfg_));
   } else if (arch == "qwen2") {
     MR_RETURN_IF_ERROR(ReadQwen2Config(f, &m->cfg_));
+  } else if (arch == "qwen3") {
+    MR_RETURN_IF_ERROR(ReadQwen3Config(f, &m->cfg_));
+  } else if (arch == "qwen3moe") {
+    MR_RETURN_IF_ERROR(ReadQwen3MoeConfig(f, &m->cfg_));
   } else if (arch == "gemma3") {
     MR_RETURN_IF_ERROR(ReadGemma3Config(f, &m->cfg_));
   } else {
-    return Unsupported("[model] architecture '" + arch + "' is not supported (supported: llama, qwen2, gemma3)");
+    return Unsupported("[model] architecture '" + arch +
+                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3)");
   }
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
   m->ref_path_ = opts.ref_path || DefaultReferencePath();
@@ -184,11 +189,48 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
 // native when allowed (native_weights_ and allow_native); others are converted to Q8/g64 in row
 // chunks so peak memory stays small, chunks spread over the pool.
 Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out) {
-  const gguf::GgufFile& f = *file_;
-  allow_native = allow_native && native_weights_;
   const gguf::TensorInfo* t;
-  MR_RETURN_IF_ERROR(FindTensor(f, name, &t));
+  MR_RETURN_IF_ERROR(FindTensor(*file_, name, &t));
   MR_RETURN_IF_ERROR(CheckShape(*t, cols, rows));
+  return LoadMatrixFrom(*t, allow_native, out);
+}
+
+// The experts of a 3-D GGUF tensor (ggml dims: cols, rows, n_expert): expert e is rows
+// [e * rows, (e + 1) * rows) of the tensor seen as a matrix, each loaded as its own matrix from a
+// view of those rows (kept in expert_views_ for the reference path).
+Status Model::LoadExperts(const std::string& name, int64_t rows, int64_t cols, bool allow_native,
+                          std::vector<WeightMatrix>* out) {
+  const gguf::TensorInfo* t;
+  MR_RETURN_IF_ERROR(FindTensor(*file_, name, &t));
+  const int64_t n_exp = cfg_.n_expert;
+  if (t->dims.size() != 3 || t->dims[0] != cols || t->dims[1] != rows || t->dims[2] != n_exp) {
+    std::string got;
+    for (int64_t x : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(x);
+    return InvalidArgument("[model] tensor '" + name + "': dims (" + got + "), expected (" + std::to_string(cols) +
+                           ", " + std::to_string(rows) + ", " + std::to_string(n_exp) + ")");
+  }
+  out->resize(static_cast<size_t>(n_exp));  // sized once: source_ keys on the elements' addresses
+  const uint64_t row_bytes = t->row_bytes();
+  for (int64_t e = 0; e < n_exp; ++e) {
+    auto view = std::make_unique<gguf::TensorInfo>(*t);
+    view->name = name + "[" + std::to_string(e) + "]";
+    view->dims = {cols, rows};
+    view->n_elements = rows * cols;
+    view->n_bytes = row_bytes * static_cast<uint64_t>(rows);
+    view->offset = t->offset + view->n_bytes * static_cast<uint64_t>(e);
+    view->data = t->data + view->n_bytes * static_cast<uint64_t>(e);
+    MR_RETURN_IF_ERROR(LoadMatrixFrom(*view, allow_native, &(*out)[static_cast<size_t>(e)]));
+    expert_views_.push_back(std::move(view));
+  }
+  return Status::Ok();
+}
+
+Status Model::LoadMatrixFrom(const gguf::TensorInfo& tensor, bool allow_native, WeightMatrix* out) {
+  const gguf::GgufFile& f = *file_;
+  const gguf::TensorInfo* t = &tensor;
+  const std::string& name = t->name;
+  const int64_t rows = t->rows(), cols = t->cols();
+  allow_native = allow_native && native_weights_;
   source_[out] = t;
   KFormat kf = KFormat::kQ4K;
   if (allow_native && NativeFormat(*t, &kf) && cols % KSuperInputs(kf) == 0 && cols % kActGroup == 0) {
@@ -276,6 +318,15 @@ Status Model::LoadWeights() {
   } else {
     cfg_.tied_embeddings = true;
   }
+  if (f.FindTensor("rope_freqs.weight")) {  // Llama 3.x rope scaling, one factor per pair
+    MR_RETURN_IF_ERROR(LoadVector(f, "rope_freqs.weight", hd / 2, &cfg_.rope_freq_factors));
+    for (size_t i = 0; i < cfg_.rope_freq_factors.size(); ++i) {
+      if (!(cfg_.rope_freq_factors[i] > 0)) {
+        return InvalidArgument("[model] tensor 'rope_freqs.weight': factor " + std::to_string(i) + " is " +
+                               std::to_string(cfg_.rope_freq_factors[i]) + ", expected a positive number");
+      }
+    }
+  }
   w_.layers.resize(c.n_layer);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     LayerWeights& L = w_.layers[l];
@@ -286,14 +337,24 @@ Status Model::LoadWeights() {
     MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_k.weight", kv_dim, d, true, &L.wk));
     MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_v.weight", kv_dim, d, true, &L.wv));
     MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_output.weight", d, q_dim, true, &L.wo));
-    {  // the fused GLU kernel reads gate and up in one format: native only when both files agree
-      const gguf::TensorInfo* tg = f.FindTensor(p + "ffn_gate.weight");
-      const gguf::TensorInfo* tu = f.FindTensor(p + "ffn_up.weight");
-      const bool same = tg && tu && tg->type == tu->type;
+    // The fused GLU kernel reads gate and up in one format: native only when both tensors agree.
+    auto same_type = [&](const std::string& a, const std::string& b) {
+      const gguf::TensorInfo* ta = f.FindTensor(a);
+      const gguf::TensorInfo* tb = f.FindTensor(b);
+      return ta && tb && ta->type == tb->type;
+    };
+    if (c.n_expert > 0) {
+      MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_gate_inp.weight", c.n_expert * d, &L.router));
+      const bool same = same_type(p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight");
+      MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_gate_exps.weight", c.d_ff_expert, d, same, &L.exp_gate));
+      MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_up_exps.weight", c.d_ff_expert, d, same, &L.exp_up));
+      MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_down_exps.weight", d, c.d_ff_expert, true, &L.exp_down));
+    } else {
+      const bool same = same_type(p + "ffn_gate.weight", p + "ffn_up.weight");
       MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_gate.weight", c.d_ff, d, same, &L.w_gate));
       MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_up.weight", c.d_ff, d, same, &L.w_up));
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_down.weight", d, c.d_ff, true, &L.w_down));
     }
-    MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_down.weight", d, c.d_ff, true, &L.w_down));
     if (c.qkv_bias) {
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_q.bias", q_dim, &L.bq));
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k.bias", kv_dim, &L.bk));
@@ -316,6 +377,13 @@ size_t Model::weight_bytes() const {
   for (const LayerWeights& L : w_.layers) {
     b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() +
          L.w_down.bytes();
+    // A token reads n_expert_used of the experts (counted at their mean size) and the router.
+    size_t experts = 0;
+    for (size_t e = 0; e < L.exp_gate.size(); ++e)
+      experts += L.exp_gate[e].bytes() + L.exp_up[e].bytes() + L.exp_down[e].bytes();
+    if (!L.exp_gate.empty()) {
+      b += experts / L.exp_gate.size() * static_cast<size_t>(cfg_.n_expert_used) + L.router.size() * sizeof(float);
+    }
   }
   return b;
 }

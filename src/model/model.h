@@ -33,7 +33,7 @@ struct TensorInfo;
 }  // namespace gguf
 class ForwardOps;
 
-enum class Arch { kLlama, kQwen2, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
@@ -51,15 +51,24 @@ struct ModelConfig {
   float rope_base = 10000.0f;      // global layers
   float rope_base_swa = 10000.0f;  // sliding-window layers (gemma3)
   bool rope_neox = false;          // rotate (i, i+d/2) pairs instead of (2i, 2i+1)
+  // Llama 3.x rope scaling: the file's rope_freqs.weight (head_dim/2 factors dividing each pair's
+  // frequency); empty when the file has none.
+  std::vector<float> rope_freq_factors;
   int64_t sliding_window = 0;      // 0: none
   std::vector<bool> layer_is_swa;  // per layer
   float attn_scale = 0.0f;         // multiplies q·k
   float embed_scale = 1.0f;        // gemma3: sqrt(d_model)
   bool qkv_bias = false;           // qwen2
-  bool qk_norm = false;            // gemma3: RMSNorm over each q/k head
+  bool qk_norm = false;            // gemma3, qwen3: RMSNorm over each q/k head
   bool post_norms = false;         // gemma3: norms after attention and FFN outputs
   Activation act = Activation::kSilu;
   bool tied_embeddings = false;
+  // Mixture of experts (qwen3moe): n_expert > 0 replaces each block's FFN by n_expert expert FFNs
+  // of width d_ff_expert, of which a router picks n_expert_used per row (softmax over all
+  // experts, the top n_expert_used, their probabilities renormalized to sum to 1).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t d_ff_expert = 0;
 };
 
 struct LayerWeights {
@@ -69,6 +78,10 @@ struct LayerWeights {
   std::vector<float> bq, bk, bv;                     // qwen2 biases
   WeightMatrix wq, wk, wv, wo;                       // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
   WeightMatrix w_gate, w_up, w_down;                 // (ff, d) (ff, d) (d, ff); gate and up share a format
+  // Mixture of experts: the router (n_expert, d) in FP32 and each expert's FFN (as above, width
+  // d_ff_expert); empty in dense models.
+  std::vector<float> router;
+  std::vector<WeightMatrix> exp_gate, exp_up, exp_down;
 };
 
 struct ModelWeights {
@@ -145,7 +158,12 @@ class Model {
   Model();
   Status LoadWeights();
   Status LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out);
+  Status LoadMatrixFrom(const gguf::TensorInfo& t, bool allow_native, WeightMatrix* out);
+  Status LoadExperts(const std::string& name, int64_t rows, int64_t cols, bool allow_native,
+                     std::vector<WeightMatrix>* out);
   Status CheckBatch(std::span<const BatchSeq> seqs) const;
+  // out (n, d_model) = the mixture-of-experts FFN of the normed rows x (n, d_model).
+  void MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out);
 
   ModelConfig cfg_;
   ModelWeights w_;
@@ -158,9 +176,15 @@ class Model {
   std::unique_ptr<ForwardOps> ops_;  // the reference or the fast op set (forward_ops.h)
   // Workspaces of the shared block structure (forward.cpp), grown on demand.
   std::vector<float> x_, h_, q_, k_, v_, gate_, tmp_;
+  // Mixture-of-experts workspaces: router probabilities, each expert's rows and weights, the
+  // gathered rows and their outputs.
+  std::vector<float> moe_probs_, moe_x_, moe_g_, moe_y_;
+  std::vector<std::vector<std::pair<int64_t, float>>> moe_rows_;
+  std::vector<int64_t> moe_order_;
   std::vector<KvCache*> row_kv_;  // (rows) the cache of each row of the batch
   std::vector<int64_t> row_pos_;  // (rows) its position in that cache
   std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
+  std::vector<std::unique_ptr<gguf::TensorInfo>> expert_views_;              // one expert's rows of a 3-D tensor
   bool native_weights_ = true;                                               // LoadOptions::weights == kNative
   int64_t n_native_ = 0;  // matrices in a native K-quant format (their kernels read activation sums)
 };
@@ -168,6 +192,8 @@ class Model {
 // Architecture hyperparameter readers (one file each).
 Status ReadLlamaConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadQwen3Config(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadQwen3MoeConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 // Common keys shared by all architectures ({arch}.block_count, ...).
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);

@@ -42,7 +42,7 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
 }
 
 struct TinySpec {
-  std::string arch;  // llama | qwen2 | gemma3
+  std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | gemma3
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
   // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
@@ -55,6 +55,8 @@ struct TinySpec {
   // Write the matrices as Q5_0 (attn_v, ffn_down and output as Q4_1) with random blocks: the
   // 32-input native formats; needs d, q_dim, ff multiples of 64.
   bool legacy32 = false;
+  // Write rope_freqs.weight (Llama 3.x rope scaling): head_dim / 2 factors from 1 to 8.
+  bool rope_freqs = false;
 };
 
 constexpr uint32_t kQ4_1 = 3, kQ5_0 = 6, kQ4_K = 12, kQ6_K = 14;
@@ -151,6 +153,13 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   w.SetF32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
   w.SetF32(a + ".rope.freq_base", 10000.0f);
   if (s.sliding_window) w.SetU32(a + ".attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+  const bool moe = a == "qwen3moe";
+  constexpr int64_t kExperts = 4, kExpertFf = 128;
+  if (moe) {
+    w.SetU32(a + ".expert_count", kExperts);
+    w.SetU32(a + ".expert_used_count", 2);
+    w.SetU32(a + ".expert_feed_forward_length", kExpertFf);
+  }
   std::vector<std::string> tokens;
   for (int64_t i = 0; i < s.vocab; ++i) tokens.push_back(std::string(1, static_cast<char>('0' + i)));
   w.SetString("tokenizer.ggml.model", "gpt2");
@@ -196,6 +205,14 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   };
   mat("token_embd.weight", s.vocab, d);
   vec("output_norm.weight", d, 1.0f);
+  if (s.rope_freqs) {
+    std::vector<uint8_t> b(s.head_dim / 2 * 4);
+    for (int64_t i = 0; i < s.head_dim / 2; ++i) {
+      const float f = 1.0f + 7.0f * static_cast<float>(i) / static_cast<float>(s.head_dim / 2);
+      std::memcpy(b.data() + i * 4, &f, 4);
+    }
+    add("rope_freqs.weight", {s.head_dim / 2}, std::move(b));
+  }
   if (a != "qwen2") mat("output.weight", s.vocab, d);  // qwen2 ties embeddings here
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -205,17 +222,28 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
     mat(p + "attn_k.weight", kv_dim, d);
     mat(p + "attn_v.weight", kv_dim, d);
     mat(p + "attn_output.weight", d, q_dim);
-    mat(p + "ffn_gate.weight", s.ff, d);
-    mat(p + "ffn_up.weight", s.ff, d);
-    mat(p + "ffn_down.weight", d, s.ff);
+    if (moe) {  // router (large, so the top 2 are clear), then experts stacked in a third dim
+      add(p + "ffn_gate_inp.weight", {d, kExperts}, RandomF32Bytes(kExperts * d, rng, 3.0f / std::sqrt(float(d))));
+      for (const char* name : {"ffn_gate_exps.weight", "ffn_up_exps.weight"})
+        add(p + name, {d, kExpertFf, kExperts},
+            RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(d))));
+      add(p + "ffn_down_exps.weight", {kExpertFf, d, kExperts},
+          RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(kExpertFf))));
+    } else {
+      mat(p + "ffn_gate.weight", s.ff, d);
+      mat(p + "ffn_up.weight", s.ff, d);
+      mat(p + "ffn_down.weight", d, s.ff);
+    }
     if (a == "qwen2") {
       vec(p + "attn_q.bias", q_dim, 0.0f);
       vec(p + "attn_k.bias", kv_dim, 0.0f);
       vec(p + "attn_v.bias", kv_dim, 0.0f);
     }
-    if (a == "gemma3") {
+    if (a == "gemma3" || a == "qwen3" || moe) {
       vec(p + "attn_q_norm.weight", s.head_dim, 1.0f);
       vec(p + "attn_k_norm.weight", s.head_dim, 1.0f);
+    }
+    if (a == "gemma3") {
       vec(p + "post_attention_norm.weight", d, 1.0f);
       vec(p + "post_ffw_norm.weight", d, 1.0f);
     }
@@ -297,8 +325,8 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   }
   // int8 activations with per-group scales on Q8/g64 weights: relative error ~2-3% on these
   // random models (2.2-2.4% with 32-wide activation groups), far below what a wrong kernel or
-  // layout gives (~100%).
-  EXPECT_LT(std::sqrt(err / norm), 0.035) << s.arch;
+  // layout gives (~100%). The MoE model sums two experts' quantized outputs per row: 3.6%.
+  EXPECT_LT(std::sqrt(err / norm), s.arch == "qwen3moe" ? 0.045 : 0.035) << s.arch;
 }
 
 // Native matrices stay in their tiles by default (fewer bytes than Q8/g64), track the reference
@@ -345,7 +373,8 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
 }
 
 TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
-  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
+  if (GetParam() == "gemma3" || GetParam() == "qwen3moe")
+    GTEST_SKIP() << "llama, qwen2, qwen3 cover the native formats";
   TinySpec s;
   s.arch = GetParam();
   s.d = 256;
@@ -357,7 +386,8 @@ TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
 
 // Q5_0 / Q4_1 (32-input blocks) at a width that is not a multiple of 256, as Qwen2.5-0.5B's 896.
 TEST_P(TinyArchTest, NativeQ50Q41WeightsTrackReferencePath) {
-  if (GetParam() == "gemma3") GTEST_SKIP() << "llama and qwen2 cover the native formats";
+  if (GetParam() == "gemma3" || GetParam() == "qwen3moe")
+    GTEST_SKIP() << "llama, qwen2, qwen3 cover the native formats";
   TinySpec s;
   s.arch = GetParam();
   s.d = 192;
@@ -414,7 +444,52 @@ TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
   EXPECT_EQ(kv.n_past, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest, ::testing::Values("llama", "qwen2", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest, ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"));
+
+// Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
+// logits (they are applied), both paths apply them alike (the fast path tracks the reference),
+// and a factor that is not positive is a load error naming the tensor.
+TEST(RopeFreqs, AppliedOnBothPathsAndValidated) {
+  TinySpec s;
+  s.arch = "llama";
+  const std::string plain = WriteTinyModel(s, 5) + ".plain";  // the next write reuses the name
+  std::filesystem::rename(plain.substr(0, plain.size() - 6), plain);
+  s.rope_freqs = true;
+  const std::string scaled = WriteTinyModel(s, 5);
+  const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3};
+  const int64_t n = static_cast<int64_t>(toks.size());
+  auto logits = [&](const std::string& path, bool ref) {
+    auto m = LoadTiny(path, ref);
+    EXPECT_TRUE(m);
+    KvCache kv = m->NewKvCache(n);
+    std::vector<float> out(n * s.vocab);
+    EXPECT_TRUE(m->Forward(kv, toks.data(), n, true, out.data()).ok());
+    return out;
+  };
+  const auto ref_plain = logits(plain, true), ref_scaled = logits(scaled, true), fast_scaled = logits(scaled, false);
+  // Row 0 is at position 0 (no rotation): equal; later rows differ.
+  EXPECT_EQ(std::vector<float>(ref_plain.begin(), ref_plain.begin() + s.vocab),
+            std::vector<float>(ref_scaled.begin(), ref_scaled.begin() + s.vocab));
+  auto rel = [](const std::vector<float>& x, const std::vector<float>& y) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += (x[i] - y[i]) * (x[i] - y[i]);
+      norm += y[i] * y[i];
+    }
+    return std::sqrt(err / norm);
+  };
+  EXPECT_GT(rel(ref_plain, ref_scaled), 0.05);                                // the factors move the logits
+  EXPECT_LT(rel(fast_scaled, ref_scaled), 0.035);                             // as close as any fast path
+  EXPECT_LT(rel(fast_scaled, ref_scaled), 0.5 * rel(ref_plain, ref_scaled));  // and both paths apply them
+  s.edit_tensor = [](const std::string& name, uint32_t*, std::vector<uint8_t>* bytes) {
+    if (name == "rope_freqs.weight") std::memset(bytes->data() + 8, 0, 4);  // factor 2 = 0
+  };
+  const std::string bad = WriteTinyModel(s, 5);
+  auto r = Model::Load(bad, LoadOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rope_freqs.weight"), std::string::npos) << r.status().message();
+  for (const auto& p : {plain, scaled, bad}) std::filesystem::remove(p);
+}
 
 // ---- Malformed model files -----------------------------------------------------------------
 // Each case is a tiny model with one hostile value. Before the loader validated them, each

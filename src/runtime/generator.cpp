@@ -20,6 +20,10 @@ SamplingParams ModelDefaultSampling(const Model& model) {
     case Arch::kQwen2:
       s = {0.7f, 20, 0.8f, 0.0f};
       break;
+    case Arch::kQwen3:  // the model card's thinking-mode settings
+    case Arch::kQwen3Moe:
+      s = {0.6f, 20, 0.95f, 0.0f};
+      break;
     case Arch::kLlama: {
       // general.name varies in case ("Smollm2 135M 8k ..." in the catalog's file).
       std::string name = f.GetString("general.name").value_or("");

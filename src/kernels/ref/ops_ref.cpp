@@ -200,12 +200,13 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
 }
 
-void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox) {
+void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox, const float* freq_factors) {
   const int64_t half = head_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
-    // theta_i = pos * base^(-2i/d), as in RoFormer / llama.cpp's ggml_rope.
-    const float theta =
+    // theta_i = pos * base^(-2i/d) / factor_i, as in RoFormer / llama.cpp's ggml_rope_ext.
+    float theta =
         static_cast<float>(pos) * std::pow(freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(head_dim));
+    if (freq_factors != nullptr) theta /= freq_factors[i];
     const float c = std::cos(theta), s = std::sin(theta);
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;

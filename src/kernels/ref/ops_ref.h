@@ -42,8 +42,9 @@ void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float
 // out = x / rms(x) * w over n elements (out may alias x).
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 // Rotary embedding of one head vector of size head_dim at position pos.
-// neox: rotate pairs (i, i + head_dim/2); otherwise adjacent pairs (2i, 2i+1).
-void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox);
+// neox: rotate pairs (i, i + head_dim/2); otherwise adjacent pairs (2i, 2i+1). freq_factors
+// (head_dim/2, optional): pair i's angle is divided by freq_factors[i] (Llama 3.x rope_freqs).
+void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox, const float* freq_factors = nullptr);
 void Softmax(float* x, int64_t n);
 float Silu(float x);
 float GeluTanh(float x);  // 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))
