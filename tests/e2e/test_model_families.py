@@ -8,7 +8,7 @@ on the same tokens are the oracle of mererun's forward pass (scripts/parity.py: 
 and KL over every position of the first 32 prompts of tests/fixtures/parity/prompts.jsonl).
 
 Each generated file is built once and cached under the model cache (`generated/`), keyed by the
-generator's arguments; a test that finds it reuses it.
+generator's arguments and binary; a test that finds it reuses it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import model_cache_dir
-from test_parity import parity
+from test_parity import _run_parity
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen tokenizer, shared by Qwen2.5 and Qwen3
@@ -60,7 +60,10 @@ def _genmodel_bin() -> Path:
 def _generated(args: list[str], model_path) -> Path:
     vocab = model_path(VOCAB_MODEL)
     gen = _genmodel_bin()
-    key = hashlib.sha256(json.dumps([args, str(vocab), gen.stat().st_size]).encode()).hexdigest()[:16]
+    # Keyed by the arguments, the tokenizer's file and the generator itself (its bytes: another
+    # build may draw other weights), so a stale file is never reused.
+    key = hashlib.sha256(json.dumps([args, str(vocab), hashlib.sha256(gen.read_bytes()).hexdigest()])
+                         .encode()).hexdigest()[:16]
     out_dir = model_cache_dir() / "generated"
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{args[1]}-{key}.gguf"
@@ -83,17 +86,8 @@ def _prerequisites():
 
 
 def _parity(model: Path, mererun_bin, work: Path, extra=()):
-    report = work / "parity.json"
-    rc = parity.main(["--model", str(model), "--mererun", str(mererun_bin), "--limit", "32",
-                      "--work-dir", str(work), "--json-out", str(report), *extra])
-    results = json.loads(report.read_text())["results"] if report.is_file() else []
-    assert results, f"parity.py failed (exit {rc}); its [parity] messages are in the captured stderr"
-    (r,) = results
-    summary = (f"top1 {r['top1_agreement']:.4f}, mean KL {r['mean_kl']:.6f}, "
-               f"max KL {r['max_kl']:.4f} at {r['max_kl_at']}, {r['n_positions']} positions")
-    print(summary)
-    assert r["n_prompts"] >= 32
-    assert r["n_nonfinite"] == 0, summary
+    work.mkdir(parents=True, exist_ok=True)
+    r, _, summary = _run_parity(model, mererun_bin, work, ["--limit", "32", *extra])
     return r, summary
 
 
