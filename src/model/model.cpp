@@ -60,11 +60,13 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     MR_RETURN_IF_ERROR(ReadQwen3Config(f, &m->cfg_));
   } else if (arch == "qwen3moe") {
     MR_RETURN_IF_ERROR(ReadQwen3MoeConfig(f, &m->cfg_));
+  } else if (arch == "phi3") {
+    MR_RETURN_IF_ERROR(ReadPhi3Config(f, &m->cfg_));
   } else if (arch == "gemma3") {
     MR_RETURN_IF_ERROR(ReadGemma3Config(f, &m->cfg_));
   } else {
     return Unsupported("[model] architecture '" + arch +
-                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3)");
+                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma3)");
   }
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
   m->ref_path_ = opts.ref_path || DefaultReferencePath();
@@ -195,9 +197,23 @@ Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bo
   return LoadMatrixFrom(*t, allow_native, out);
 }
 
+// Rows [row0, row0 + rows) of a tensor seen as a matrix of cols inputs: a view with its own
+// name, kept in tensor_views_ (the reference path reads the view's rows again per call).
+const gguf::TensorInfo& Model::RowView(const gguf::TensorInfo& t, const std::string& name, int64_t row0, int64_t rows) {
+  auto view = std::make_unique<gguf::TensorInfo>(t);
+  const uint64_t row_bytes = t.row_bytes();
+  view->name = name;
+  view->dims = {t.cols(), rows};
+  view->n_elements = rows * t.cols();
+  view->n_bytes = row_bytes * static_cast<uint64_t>(rows);
+  view->offset = t.offset + row_bytes * static_cast<uint64_t>(row0);
+  view->data = t.data + row_bytes * static_cast<uint64_t>(row0);
+  tensor_views_.push_back(std::move(view));
+  return *tensor_views_.back();
+}
+
 // The experts of a 3-D GGUF tensor (ggml dims: cols, rows, n_expert): expert e is rows
-// [e * rows, (e + 1) * rows) of the tensor seen as a matrix, each loaded as its own matrix from a
-// view of those rows (kept in expert_views_ for the reference path).
+// [e * rows, (e + 1) * rows) of the tensor seen as a matrix, each loaded as its own matrix.
 Status Model::LoadExperts(const std::string& name, int64_t rows, int64_t cols, bool allow_native,
                           std::vector<WeightMatrix>* out) {
   const gguf::TensorInfo* t;
@@ -210,17 +226,9 @@ Status Model::LoadExperts(const std::string& name, int64_t rows, int64_t cols, b
                            ", " + std::to_string(rows) + ", " + std::to_string(n_exp) + ")");
   }
   out->resize(static_cast<size_t>(n_exp));  // sized once: source_ keys on the elements' addresses
-  const uint64_t row_bytes = t->row_bytes();
   for (int64_t e = 0; e < n_exp; ++e) {
-    auto view = std::make_unique<gguf::TensorInfo>(*t);
-    view->name = name + "[" + std::to_string(e) + "]";
-    view->dims = {cols, rows};
-    view->n_elements = rows * cols;
-    view->n_bytes = row_bytes * static_cast<uint64_t>(rows);
-    view->offset = t->offset + view->n_bytes * static_cast<uint64_t>(e);
-    view->data = t->data + view->n_bytes * static_cast<uint64_t>(e);
-    MR_RETURN_IF_ERROR(LoadMatrixFrom(*view, allow_native, &(*out)[static_cast<size_t>(e)]));
-    expert_views_.push_back(std::move(view));
+    const gguf::TensorInfo& view = RowView(*t, name + "[" + std::to_string(e) + "]", e * rows, rows);
+    MR_RETURN_IF_ERROR(LoadMatrixFrom(view, allow_native, &(*out)[static_cast<size_t>(e)]));
   }
   return Status::Ok();
 }
@@ -333,9 +341,16 @@ Status Model::LoadWeights() {
     const std::string p = "blk." + std::to_string(l) + ".";
     MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_norm.weight", d, &L.attn_norm));
     MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_norm.weight", d, &L.ffn_norm));
-    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_q.weight", q_dim, d, true, &L.wq));
-    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_k.weight", kv_dim, d, true, &L.wk));
-    MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_v.weight", kv_dim, d, true, &L.wv));
+    if (const gguf::TensorInfo* qkv = f.FindTensor(p + "attn_qkv.weight")) {  // phi3: q, k, v rows in one tensor
+      MR_RETURN_IF_ERROR(CheckShape(*qkv, d, q_dim + 2 * kv_dim));
+      MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(*qkv, qkv->name + "[q]", 0, q_dim), true, &L.wq));
+      MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(*qkv, qkv->name + "[k]", q_dim, kv_dim), true, &L.wk));
+      MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(*qkv, qkv->name + "[v]", q_dim + kv_dim, kv_dim), true, &L.wv));
+    } else {
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_q.weight", q_dim, d, true, &L.wq));
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_k.weight", kv_dim, d, true, &L.wk));
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_v.weight", kv_dim, d, true, &L.wv));
+    }
     MR_RETURN_IF_ERROR(LoadMatrix(p + "attn_output.weight", d, q_dim, true, &L.wo));
     // The fused GLU kernel reads gate and up in one format: native only when both tensors agree.
     auto same_type = [&](const std::string& a, const std::string& b) {
@@ -349,6 +364,13 @@ Status Model::LoadWeights() {
       MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_gate_exps.weight", c.d_ff_expert, d, same, &L.exp_gate));
       MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_up_exps.weight", c.d_ff_expert, d, same, &L.exp_up));
       MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_down_exps.weight", d, c.d_ff_expert, true, &L.exp_down));
+    } else if (f.FindTensor(p + "ffn_gate.weight") == nullptr && f.FindTensor(p + "ffn_up.weight") != nullptr) {
+      // phi3: ffn_up holds the gate's rows, then the up projection's (llama.cpp's fused SwiGLU).
+      const gguf::TensorInfo& up = *f.FindTensor(p + "ffn_up.weight");
+      MR_RETURN_IF_ERROR(CheckShape(up, d, 2 * c.d_ff));
+      MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(up, up.name + "[gate]", 0, c.d_ff), true, &L.w_gate));
+      MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(up, up.name + "[up]", c.d_ff, c.d_ff), true, &L.w_up));
+      MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_down.weight", d, c.d_ff, true, &L.w_down));
     } else {
       const bool same = same_type(p + "ffn_gate.weight", p + "ffn_up.weight");
       MR_RETURN_IF_ERROR(LoadMatrix(p + "ffn_gate.weight", c.d_ff, d, same, &L.w_gate));

@@ -33,7 +33,7 @@ struct TensorInfo;
 }  // namespace gguf
 class ForwardOps;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
@@ -159,6 +159,7 @@ class Model {
   Status LoadWeights();
   Status LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out);
   Status LoadMatrixFrom(const gguf::TensorInfo& t, bool allow_native, WeightMatrix* out);
+  const gguf::TensorInfo& RowView(const gguf::TensorInfo& t, const std::string& name, int64_t row0, int64_t rows);
   Status LoadExperts(const std::string& name, int64_t rows, int64_t cols, bool allow_native,
                      std::vector<WeightMatrix>* out);
   Status CheckBatch(std::span<const BatchSeq> seqs) const;
@@ -184,9 +185,11 @@ class Model {
   std::vector<KvCache*> row_kv_;  // (rows) the cache of each row of the batch
   std::vector<int64_t> row_pos_;  // (rows) its position in that cache
   std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*> source_;  // GGUF tensor of each matrix
-  std::vector<std::unique_ptr<gguf::TensorInfo>> expert_views_;              // one expert's rows of a 3-D tensor
-  bool native_weights_ = true;                                               // LoadOptions::weights == kNative
-  int64_t n_native_ = 0;  // matrices in a native K-quant format (their kernels read activation sums)
+  // Row ranges of GGUF tensors loaded as matrices of their own (experts of a 3-D tensor, phi3's
+  // fused q/k/v and gate/up); the reference path reads them as tensors.
+  std::vector<std::unique_ptr<gguf::TensorInfo>> tensor_views_;
+  bool native_weights_ = true;  // LoadOptions::weights == kNative
+  int64_t n_native_ = 0;        // matrices in a native K-quant format (their kernels read activation sums)
 };
 
 // Architecture hyperparameter readers (one file each).
@@ -194,6 +197,7 @@ Status ReadLlamaConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3MoeConfig(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadPhi3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 // Common keys shared by all architectures ({arch}.block_count, ...).
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);

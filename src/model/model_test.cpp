@@ -42,7 +42,7 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
 }
 
 struct TinySpec {
-  std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | gemma3
+  std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | phi3 (fused) | gemma3
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
   // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
@@ -218,9 +218,13 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
     const std::string p = "blk." + std::to_string(l) + ".";
     vec(p + "attn_norm.weight", d, 1.0f);
     vec(p + "ffn_norm.weight", d, 1.0f);
-    mat(p + "attn_q.weight", q_dim, d);
-    mat(p + "attn_k.weight", kv_dim, d);
-    mat(p + "attn_v.weight", kv_dim, d);
+    if (a == "phi3") {  // q, k, v rows in one tensor
+      mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d);
+    } else {
+      mat(p + "attn_q.weight", q_dim, d);
+      mat(p + "attn_k.weight", kv_dim, d);
+      mat(p + "attn_v.weight", kv_dim, d);
+    }
     mat(p + "attn_output.weight", d, q_dim);
     if (moe) {  // router (large, so the top 2 are clear), then experts stacked in a third dim
       add(p + "ffn_gate_inp.weight", {d, kExperts}, RandomF32Bytes(kExperts * d, rng, 3.0f / std::sqrt(float(d))));
@@ -229,6 +233,9 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
             RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(d))));
       add(p + "ffn_down_exps.weight", {kExpertFf, d, kExperts},
           RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(kExpertFf))));
+    } else if (a == "phi3") {  // gate rows, then up rows, in ffn_up
+      mat(p + "ffn_up.weight", 2 * s.ff, d);
+      mat(p + "ffn_down.weight", d, s.ff);
     } else {
       mat(p + "ffn_gate.weight", s.ff, d);
       mat(p + "ffn_up.weight", s.ff, d);
@@ -444,7 +451,8 @@ TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
   EXPECT_EQ(kv.n_past, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest, ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest,
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"));
 
 // Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
 // logits (they are applied), both paths apply them alike (the fast path tracks the reference),

@@ -24,6 +24,8 @@ SamplingParams ModelDefaultSampling(const Model& model) {
     case Arch::kQwen3Moe:
       s = {0.6f, 20, 0.95f, 0.0f};
       break;
+    case Arch::kPhi3:  // no family defaults: the file's, else the sampler's
+      break;
     case Arch::kLlama: {
       // general.name varies in case ("Smollm2 135M 8k ..." in the catalog's file).
       std::string name = f.GetString("general.name").value_or("");

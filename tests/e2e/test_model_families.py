@@ -49,6 +49,11 @@ QWEN3MOE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--d", "1024", "--heads"
                  "--head-dim", "128", "--ff", "3072", "--experts", "16", "--experts-used", "4",
                  "--expert-ff", "768", "--rope-base", "1000000", "--tied", "--type", "f16", "--seed", "5"]
 
+# Phi-3-mini's widths (d 3072, 32 heads of 96, no GQA, ff 8192), 2 layers: q/k/v fused in
+# attn_qkv and gate/up fused in ffn_up, which the loader splits into row views; untied output.
+PHI3_ARGS = ["--arch", "phi3", "--layers", "2", "--d", "3072", "--heads", "32", "--kv-heads", "32",
+             "--head-dim", "96", "--ff", "8192", "--rope-base", "10000", "--type", "f16", "--seed", "6"]
+
 
 def _genmodel_bin() -> Path:
     b = Path(os.environ.get("MERERUN_BIN", REPO / "build" / "bin" / "mererun")).parent / "mererun_genmodel"
@@ -94,7 +99,8 @@ def _parity(model: Path, mererun_bin, work: Path, extra=()):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,args,top1,fast_kl", [("qwen3", QWEN3_ARGS, 0.99, 0.02),
                                                        ("llama3", LLAMA3_ARGS, 0.99, 0.02),
-                                                       ("qwen3moe", QWEN3MOE_ARGS, 0.98, 0.04)])
+                                                       ("qwen3moe", QWEN3MOE_ARGS, 0.98, 0.04),
+                                                       ("phi3", PHI3_ARGS, 0.99, 0.02)])
 def test_generated_family_matches_llamacpp(family, args, top1, fast_kl, model_path, mererun_bin, tmp_path):
     """The reference path (FP32 activations on the F16 weights) against llama.cpp on the same
     file: the issue's bars, top-1 >= 0.99 and mean KL <= 1e-3. A wrong QK-norm, RoPE layout or

@@ -2,7 +2,7 @@
 // shapes and a real tokenizer, for proving an architecture's forward pass against llama.cpp
 // (tests/e2e/test_model_families.py, docs/models.md) where the registries hold no weights.
 //
-//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama --vocab-from FILE.gguf --out PATH
+//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3 --vocab-from FILE.gguf --out PATH
 //                    [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F]
 //                    [--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear]
 //                    [--tied] [--experts E --experts-used K --expert-ff F]
@@ -41,7 +41,7 @@ struct Args {
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
-               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama --vocab-from FILE.gguf --out "
+               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3 --vocab-from FILE.gguf --out "
                "PATH [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F] [--type f16|f32] "
                "[--seed S] [--rope-base B] [--rope-freqs llama31|linear] [--tied]\n",
                msg);
@@ -83,8 +83,8 @@ Args Parse(int argc, char** argv) {
     else Usage(("unknown option " + k).c_str());
   }
   if (a.vocab_from.empty() || a.out.empty()) Usage("--vocab-from and --out are required");
-  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama")
-    Usage("--arch must be qwen3, qwen3moe, qwen2 or llama");
+  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "phi3")
+    Usage("--arch must be qwen3, qwen3moe, qwen2, llama or phi3");
   if (a.experts_used > a.experts) Usage("--experts-used must be at most --experts");
   if (a.type != "f16" && a.type != "f32") Usage("--type must be f16 or f32");
   if (a.heads % a.kv_heads != 0) Usage("--heads must be a multiple of --kv-heads");
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(a.head_dim));
   w.SetF32(p + "rope.freq_base", static_cast<float>(a.rope_base));
   w.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
-  const bool moe = a.arch == "qwen3moe";
+  const bool moe = a.arch == "qwen3moe", phi3 = a.arch == "phi3";
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(a.experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(a.experts_used));
@@ -202,9 +202,13 @@ int main(int argc, char** argv) {
   for (int64_t l = 0; l < a.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     vec(b + "attn_norm.weight", d, 1.0, 0.1);
-    mat(b + "attn_q.weight", q_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
-    mat(b + "attn_k.weight", kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
-    mat(b + "attn_v.weight", kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    if (phi3) {  // q, k and v rows in one tensor
+      mat(b + "attn_qkv.weight", q_dim + 2 * kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    } else {
+      mat(b + "attn_q.weight", q_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
+      mat(b + "attn_k.weight", kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
+      mat(b + "attn_v.weight", kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    }
     mat(b + "attn_output.weight", d, q_dim, 1.0 / std::sqrt(static_cast<double>(q_dim)));
     if (a.arch == "qwen2") {
       vec(b + "attn_q.bias", q_dim, 0.0, 0.1);
@@ -224,8 +228,12 @@ int main(int argc, char** argv) {
       add(b + "ffn_down_exps.weight", {f, d, e}, normal(e * f * d, 0.0, 1.0 / std::sqrt(double(f))), true);
       continue;
     }
-    mat(b + "ffn_gate.weight", a.ff, d, 1.0 / std::sqrt(static_cast<double>(d)));
-    mat(b + "ffn_up.weight", a.ff, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    if (phi3) {  // gate rows, then up rows, in ffn_up
+      mat(b + "ffn_up.weight", 2 * a.ff, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    } else {
+      mat(b + "ffn_gate.weight", a.ff, d, 1.0 / std::sqrt(static_cast<double>(d)));
+      mat(b + "ffn_up.weight", a.ff, d, 1.0 / std::sqrt(static_cast<double>(d)));
+    }
     mat(b + "ffn_down.weight", d, a.ff, 1.0 / std::sqrt(static_cast<double>(a.ff)));
   }
   if (Status st = w.WriteFile(a.out); !st.ok()) {
