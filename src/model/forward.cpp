@@ -146,7 +146,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
   grow(k_, n * kv_dim);
   grow(v_, n * kv_dim);
   grow(tmp_, n * std::max(d, q_dim));
-  grow(gate_, n * std::max(c.d_ff, c.d_ff_expert));
+  grow(gate_, n * c.d_ff);  // dense FFN only: MoeFfn has its own per-expert buffers
   grow(row_kv_, n);
   grow(row_pos_, n);
 
