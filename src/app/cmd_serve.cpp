@@ -16,6 +16,7 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/environment.h"
+#include "app/identity.h"
 #include "app/model_opts.h"
 #include "app/spec_config.h"
 #include "base/log.h"
@@ -178,6 +179,25 @@ int CmdServe(const Args& args) {
   sm.environment = ControlEnvironment();
   sm.drafter = spec.DrafterName();
   sm.draft_tokens = spec.TokensName();
+  {
+    ReplicaSettings rs;
+    rs.model_id = sm.id;
+    rs.n_ctx = n_ctx;
+    rs.max_output_tokens = max_output;
+    rs.drafter = sm.drafter;
+    rs.draft_tokens = sm.draft_tokens;
+    rs.default_temperature = sm.default_sampling.temperature;
+    rs.default_top_p = sm.default_sampling.top_p;
+    rs.default_top_k = sm.default_sampling.top_k;
+    rs.default_min_p = sm.default_sampling.min_p;
+    auto identity = MakeReplicaIdentity(*model, rs);
+    if (!identity.ok()) {
+      std::fprintf(stderr, "mererun serve: %s\n", identity.status().message().c_str());
+      return 1;
+    }
+    sm.identity = identity->fields;
+    sm.identity_hash = identity->hash;
+  }
 
   server::EngineOptions eopts;
   eopts.n_ctx = n_ctx;
@@ -210,7 +230,7 @@ int CmdServe(const Args& args) {
   server::ServerMetrics metrics;
   sm.metrics = &metrics;
   server::Engine engine(*model, eopts, &metrics);
-  // The port opens at once: during the warm-up generation /health says "loading" (503) and
+  // The port opens at once: during the warm-up generation /health says "loading" (529) and
   // requests get 529 with retry-after, so clients and load balancers wait for readiness.
   sm.engine = &engine;
   server::HttpServer http(sm, sopts);

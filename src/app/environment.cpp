@@ -68,6 +68,11 @@ Status ApplyEnvironment() {
   return Status::Ok();
 }
 
+std::string PythonExecutable() {
+  const std::string p = Get("MERERUN_PYTHON");
+  return p.empty() ? "python3" : p;
+}
+
 std::map<std::string, std::string> ControlEnvironment() {
   std::map<std::string, std::string> out;
   for (const char* name : kControls)

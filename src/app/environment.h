@@ -11,7 +11,7 @@
 //   MERERUN_HOME           where models and the signing key live (default ~/.cache/mererun)
 //   MERERUN_CATALOG        the model catalog file
 //   MERERUN_API_KEY        serve --api-key
-//   MERERUN_PYTHON         the Python used by `pull`
+//   MERERUN_PYTHON         the Python used by `pull` and the Python-backed `qualify` commands
 #pragma once
 
 #include <map>
@@ -28,5 +28,9 @@ Status ApplyEnvironment();
 // The numerics- and scheduling-affecting variables that are set, name -> value, for /health and
 // the bench and qualify JSON.
 std::map<std::string, std::string> ControlEnvironment();
+
+// The Python interpreter for `pull` (pip) and the Python-backed `qualify` commands:
+// MERERUN_PYTHON, else "python3".
+std::string PythonExecutable();
 
 }  // namespace mr::app

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/unicode.h"
+
 namespace mr::app {
 namespace {
 
@@ -89,6 +91,15 @@ LikelihoodSummary Summarize(const std::vector<WindowStats>& windows, int n_resam
   s.ratio_ci95_lo = Percentile(ratios, 0.025);
   s.ratio_ci95_hi = Percentile(ratios, 0.975);
   return s;
+}
+
+size_t FirstNonTextByte(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = s[i] == '\0' ? 0 : unicode::WellFormedUtf8Length(s, i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace mr::app

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace mr::app {
@@ -36,5 +37,10 @@ struct LikelihoodSummary {
 // Windows are resampled with replacement `n_resamples` times (xorshift seeded by `seed`, so
 // the bound is reproducible); each resample's ratio is exp((sum nll_cand - sum nll_ref) / sum n).
 LikelihoodSummary Summarize(const std::vector<WindowStats>& windows, int n_resamples, uint64_t seed);
+
+// The byte offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF, no NUL, which no text file holds), or
+// npos when all of `s` is.
+size_t FirstNonTextByte(std::string_view s);
 
 }  // namespace mr::app

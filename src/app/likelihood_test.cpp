@@ -64,3 +64,24 @@ TEST(Likelihood, EmptyInputIsZero) {
 
 }  // namespace
 }  // namespace mr::app
+
+namespace mr::app {
+namespace {
+
+TEST(Likelihood, FirstNonTextByte) {
+  constexpr size_t kOk = std::string_view::npos;
+  EXPECT_EQ(FirstNonTextByte(""), kOk);
+  EXPECT_EQ(FirstNonTextByte("plain ascii\n\ttabs"), kOk);
+  EXPECT_EQ(FirstNonTextByte("h\xC3\xA9llo \xE2\x82\xAC \xF0\x9F\x98\x80 \xF4\x8F\xBF\xBF"), kOk);  // é € 😀 U+10FFFF
+  EXPECT_EQ(FirstNonTextByte(std::string_view("ab\0c", 4)), 2u);
+  EXPECT_EQ(FirstNonTextByte("ab\xFF"), 2u);
+  EXPECT_EQ(FirstNonTextByte("a\xC0\xAF"), 1u);          // overlong '/'
+  EXPECT_EQ(FirstNonTextByte("a\xE0\x80\xAF"), 1u);      // overlong, 3 bytes
+  EXPECT_EQ(FirstNonTextByte("a\xED\xA0\x80"), 1u);      // a surrogate
+  EXPECT_EQ(FirstNonTextByte("a\xF4\x90\x80\x80"), 1u);  // above U+10FFFF
+  EXPECT_EQ(FirstNonTextByte("abc\xE2\x82"), 3u);        // cut short
+  EXPECT_EQ(FirstNonTextByte("\x80"), 0u);               // a lone continuation byte
+}
+
+}  // namespace
+}  // namespace mr::app

@@ -273,6 +273,31 @@ std::vector<uint32_t> DecodeUtf8(std::string_view s) {
   return out;
 }
 
+size_t WellFormedUtf8Length(std::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
+  const uint8_t c = byte(i);
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  uint8_t lo = 0x80, hi = 0xbf;  // bounds of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;  // overlong
+    if (c == 0xed) hi = 0x9f;  // surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;  // overlong
+    if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + len > s.size() || byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (size_t k = 2; k < len; ++k)
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
+  return len;
+}
+
 void AppendUtf8(uint32_t cpt, std::string* out) {
   if (cpt < 0x80) {
     out->push_back(static_cast<char>(cpt));

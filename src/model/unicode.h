@@ -48,6 +48,9 @@ inline size_t Utf8SeqLen(uint8_t lead) {
 // unicode_cpts_from_utf8). Overlong forms and surrogates decode as their values; a value above
 // U+10FFFF becomes U+FFFD (llama.cpp would throw later on it).
 std::vector<uint32_t> DecodeUtf8(std::string_view s);
+// Length (1-4) of the well-formed UTF-8 character at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF); 0 when it is malformed or cut short. i < s.size().
+size_t WellFormedUtf8Length(std::string_view s, size_t i);
 void AppendUtf8(uint32_t cpt, std::string* out);  // cpt <= 0x10FFFF
 
 // GPT-2 byte-level mapping: byte -> the UTF-8 of its printable stand-in code point.

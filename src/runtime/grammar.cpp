@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/unicode.h"
+
 namespace mr {
 
 namespace {
@@ -26,32 +28,10 @@ bool IsPlainStringText(std::string_view piece) {
   size_t i = 0;
   while (i < piece.size()) {
     const uint8_t c = static_cast<uint8_t>(piece[i]);
-    if (c < 0x80) {
-      if (!ascii.test(c)) return false;
-      ++i;
-      continue;
-    }
-    int n = 0;
-    uint8_t lo = 0x80, hi = 0xbf;  // bounds of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (i + static_cast<size_t>(n) >= piece.size()) return false;  // a partial character
-    for (int k = 1; k <= n; ++k) {
-      const uint8_t b = static_cast<uint8_t>(piece[i + k]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
-    }
-    i += static_cast<size_t>(n) + 1;
+    if (c < 0x80 && !ascii.test(c)) return false;
+    const size_t len = unicode::WellFormedUtf8Length(piece, i);
+    if (len == 0) return false;
+    i += len;
   }
   return !piece.empty();
 }

@@ -483,6 +483,9 @@ struct Session {
     ev.accepted = r->accepted;
     ev.proposed_at = r->proposed_at;
     ev.accepted_at = r->accepted_at;
+    ev.peak_rss_bytes = r->peak_rss_bytes;
+    ev.kv_peak_bytes = r->kv_peak_bytes;
+    ev.process_peak_rss_bytes = r->process_peak_rss_bytes;
     if (r->stop == StopCause::kCancelled) {
       ev.finish = FinishReason::kCancelled;
     } else if (parser.stopped()) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,6 +109,11 @@ struct ServedModel {
   std::string draft_tokens = "auto";
   // The numerics- and scheduling-affecting MERERUN_* variables that are set (/health).
   std::map<std::string, std::string> environment;
+  // What this replica is (model file digest and every answer-changing setting) and its short
+  // hash: /health shows both, and `/health?identity=HASH` fails (409) on another replica, so a
+  // load balancer's check keeps a differently configured replica out (docs/deploy.md).
+  nlohmann::ordered_json identity = nlohmann::ordered_json::object();
+  std::string identity_hash;
 };
 
 struct PreparedChat {
@@ -174,6 +180,7 @@ struct StreamEvent {
   double prefill_s = 0.0, decode_s = 0.0;
   int64_t generated = 0, drafted = 0, accepted = 0;
   std::vector<int64_t> proposed_at, accepted_at;
+  uint64_t peak_rss_bytes = 0, kv_peak_bytes = 0, process_peak_rss_bytes = 0;  // JobResult's
   // kError:
   ApiError error;
 };

@@ -91,6 +91,7 @@ struct Engine::Impl {
     sched::SeqId id = 0;
     Clock::time_point idle_until;  // free: its KV counts as cached until then (a lifetime)
     Clock::time_point submitted, last_token;
+    uint64_t peak_rss = 0, peak_kv = 0;  // of the current job (JobResult)
     bool got_token = false;
   };
   struct Entry {  // one sequence's rows in the current step
@@ -409,6 +410,7 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   }
   if (metrics) metrics->queue_wait_s.Observe(Since(submitted));
   s->job = std::move(job);
+  s->peak_rss = s->peak_kv = 0;
   s->id = id;
   s->submitted = submitted;
   s->got_token = false;
@@ -512,6 +514,15 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
   r.accepted = st.accepted;
   r.proposed_at = st.proposed_at;
   r.accepted_at = st.accepted_at;
+  r.peak_rss_bytes = s.peak_rss;
+  r.kv_peak_bytes = s.peak_kv;
+  // VmHWM is updated lazily by the kernel and can trail a sample of the resident size by a
+  // few hundred KB: the high-water mark reported is never below what was sampled.
+  r.process_peak_rss_bytes = std::max(ResidentPeakBytes(), s.peak_rss);
+  if (metrics) {
+    AtomicMax(metrics->request_rss_peak_max, r.peak_rss_bytes);
+    AtomicMax(metrics->request_kv_peak_max, r.kv_peak_bytes);
+  }
   MR_LOGD("engine", "seq %llu: prompt %lld (reused %lld, %lld from the prefix cache), output %lld, stop %s",
           (unsigned long long)s.id, (long long)st.prompt_tokens, (long long)st.reused_tokens,
           (long long)st.cache_restored, (long long)r.output_tokens, StopCauseName(r.stop));
@@ -568,8 +579,11 @@ void Engine::Impl::Step(const sched::Plan& plan) {
   }
   int64_t generated = 0, prefilled = 0;
   const float* lg = logits.data();
+  const uint64_t rss = ResidentBytes();  // after the step: its activations and new KV are in
   for (const Entry& e : entries) {
     Slot& s = *e.slot;
+    s.peak_rss = std::max(s.peak_rss, rss);
+    s.peak_kv = std::max<uint64_t>(s.peak_kv, s.seq.kv().bytes_in_use());
     const int64_t before = s.seq.stats().generated;
     const float* row_logits = lg;
     lg += e.out_rows * n_vocab;

@@ -58,6 +58,13 @@ struct JobResult {
   int64_t drafted = 0;                            // speculative drafts verified
   int64_t accepted = 0;                           // of them accepted
   std::vector<int64_t> proposed_at, accepted_at;  // per draft position (GenerateStats)
+  // Resources: the process's resident set size at its highest among the engine steps this
+  // request took part in (shared by the requests running together), the most KV bytes its
+  // sequence held (the target model's cache, rows filled), and the process's high-water mark
+  // (VmHWM) when it finished.
+  uint64_t peak_rss_bytes = 0;
+  uint64_t kv_peak_bytes = 0;
+  uint64_t process_peak_rss_bytes = 0;
 };
 
 struct EngineJob {

@@ -48,6 +48,9 @@ void SetTimingHeaders(const StreamEvent& done, HttpResponse& res) {
   for (size_t i = 0; i < done.proposed_at.size() && i < done.accepted_at.size(); ++i)
     at += (i ? "," : "") + std::to_string(done.accepted_at[i]) + "/" + std::to_string(done.proposed_at[i]);
   if (!at.empty()) res.SetHeader("x-mererun-acceptance-by-position", at);
+  res.SetHeader("x-mererun-peak-rss-bytes", std::to_string(done.peak_rss_bytes));
+  res.SetHeader("x-mererun-kv-peak-bytes", std::to_string(done.kv_peak_bytes));
+  res.SetHeader("x-mererun-process-peak-rss-bytes", std::to_string(done.process_peak_rss_bytes));
 }
 
 void LogLong(const char* what, const std::string& text) {
@@ -159,6 +162,41 @@ bool IsJsonContentType(const std::string& content_type) {
   size_t lead = 0;
   while (lead < media.size() && (media[lead] == ' ' || media[lead] == '\t')) ++lead;
   return media.substr(lead) == "application/json";
+}
+
+std::string QueryParam(std::string_view target, std::string_view name) {
+  const size_t q = target.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view rest = target.substr(q + 1);
+  rest = rest.substr(0, rest.find('#'));
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  while (!rest.empty()) {
+    const size_t amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != name) continue;
+    if (eq == std::string_view::npos) return {};
+    std::string out;
+    const std::string_view v = pair.substr(eq + 1);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] == '+') {
+        out += ' ';
+      } else if (v[i] == '%' && i + 2 < v.size() && hex(v[i + 1]) >= 0 && hex(v[i + 2]) >= 0) {
+        out += static_cast<char>(hex(v[i + 1]) * 16 + hex(v[i + 2]));
+        i += 2;
+      } else {
+        out += v[i];
+      }
+    }
+    return out;
+  }
+  return {};
 }
 
 bool ApiKeyMatches(const std::string& presented, const std::string& expected) {
@@ -354,22 +392,35 @@ struct HttpServer::Impl {
     res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
-  // GET /health: 200 with the engine's state when it accepts requests, else 503.
-  void Health(HttpResponse& res) const {
+  // GET /health: 200 with the engine's state when it accepts requests; 529 (overloaded, with
+  // retry-after) while loading or draining, so a load balancer takes the replica out; with
+  // `?identity=HASH`, 409 when this replica is another model or configuration.
+  void Health(const HttpRequest& req, HttpResponse& res) const {
     const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
     const bool ready = st.state == EngineState::kReady;
     const char* status = ready ? "ok" : EngineStateName(st.state);
-    const Json body = {{"status", status},
-                       {"model", sm.id},
-                       {"active", st.active},
-                       {"queued", st.queued},
-                       {"max_active", st.max_active},
-                       {"max_queued", st.max_queued},
-                       {"n_ctx", st.n_ctx},
-                       {"speculation", {{"drafter", sm.drafter}, {"draft_tokens", sm.draft_tokens}}},
-                       {"environment", sm.environment}};
-    res.status = ready ? 200 : 503;
-    res.SetContent(body.dump(), "application/json");
+    Json body = {{"status", status},
+                 {"model", sm.id},
+                 {"identity_hash", sm.identity_hash},
+                 {"identity", sm.identity},
+                 {"active", st.active},
+                 {"queued", st.queued},
+                 {"max_active", st.max_active},
+                 {"max_queued", st.max_queued},
+                 {"n_ctx", st.n_ctx},
+                 {"speculation", {{"drafter", sm.drafter}, {"draft_tokens", sm.draft_tokens}}},
+                 {"environment", sm.environment}};
+    const std::string want = QueryParam(req.target, "identity");
+    if (!want.empty() && want != sm.identity_hash) {
+      body["status"] = "identity_mismatch";
+      body["error"] = "this replica serves identity " + sm.identity_hash + " (model " + sm.id +
+                      "), the check expects " + want.substr(0, 64);
+      res.status = 409;
+    } else if (!ready) {
+      res.status = 529;
+      res.SetHeader("retry-after", "1");
+    }
+    res.SetContent(body.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
   // On an I/O thread, for every request: the checks that refuse it, the cheap GETs, and an early
@@ -439,7 +490,7 @@ struct HttpServer::Impl {
       return true;
     }
     if (req.path == "/health") {
-      Health(res);
+      Health(req, res);
     } else if (req.path == "/metrics") {
       static const ServerMetrics kNone;
       const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};

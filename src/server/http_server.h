@@ -70,6 +70,9 @@ bool IsAllowedHostHeader(const std::string& host_header, const std::vector<std::
 bool IsAllowedOrigin(const std::string& origin, const std::vector<std::string>& allowed);
 // Media type of a Content-Type header is application/json (parameters allowed).
 bool IsJsonContentType(const std::string& content_type);
+// The value of query parameter `name` in a request target ("/health?identity=ab12"), with
+// %XX and '+' decoded; empty when absent. The first occurrence wins.
+std::string QueryParam(std::string_view target, std::string_view name);
 // Constant-time comparison of a presented API key with the configured one (digests compared
 // with CRYPTO_memcmp, so neither the content nor the length leaks through timing).
 bool ApiKeyMatches(const std::string& presented, const std::string& expected);

@@ -1,7 +1,9 @@
 #include "server/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -29,18 +31,6 @@ const char* OutcomeName(Outcome o) {
 }
 
 namespace {
-
-// Resident set size from /proc/self/statm (second field, in pages); 0 when unreadable.
-uint64_t ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  unsigned long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
-  std::fclose(f);
-  const long page = sysconf(_SC_PAGESIZE);
-  if (n != 2 || page <= 0) return 0;
-  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(page);
-}
 
 // Prometheus float text: the shortest of %.15g / %.17g that reads back as the same double
 // (so bucket bounds print as 0.1, not 0.10000000000000001).
@@ -102,6 +92,35 @@ class Writer {
 
 }  // namespace
 
+uint64_t ResidentBytes() {
+  // Read after every engine step: one descriptor for the process's life, one pread per call
+  // (thread-safe: no shared file offset).
+  static const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  static const long page = sysconf(_SC_PAGESIZE);
+  char buf[128];
+  const ssize_t n = fd >= 0 ? ::pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+  if (n <= 0 || page <= 0) return 0;
+  buf[n] = '\0';
+  unsigned long long size = 0, resident = 0;
+  if (std::sscanf(buf, "%llu %llu", &size, &resident) != 2) return 0;
+  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(page);
+}
+
+uint64_t ResidentPeakBytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+      found = true;
+      break;
+    }
+  std::fclose(f);
+  return found ? static_cast<uint64_t>(kb) * 1024 : 0;
+}
+
 std::string RenderPrometheus(const ServerMetrics& m, const EngineStatus& e) {
   Writer w;
   static const char* const kApis[2] = {"anthropic", "openai"};
@@ -138,6 +157,14 @@ std::string RenderPrometheus(const ServerMetrics& m, const EngineStatus& e) {
   w.Gauge("mererun_kv_bytes_in_use", "KV bytes held by active sequences.", static_cast<double>(e.kv_bytes_in_use));
   w.Gauge("mererun_ready", "1 when the engine accepts requests.", e.state == EngineState::kReady ? 1 : 0);
   w.Gauge("mererun_resident_memory_bytes", "Resident set size of the process.", static_cast<double>(ResidentBytes()));
+  w.Gauge("mererun_resident_memory_peak_bytes",
+          "High-water mark of the process's resident set size (VmHWM, or a larger sampled size).",
+          static_cast<double>(std::max(ResidentPeakBytes(), c(m.request_rss_peak_max))));
+  w.Gauge("mererun_request_resident_peak_bytes_max",
+          "The largest resident set size seen while one request was active, over all requests.",
+          static_cast<double>(c(m.request_rss_peak_max)));
+  w.Gauge("mererun_request_kv_peak_bytes_max", "The largest KV bytes one request's sequence held, over all requests.",
+          static_cast<double>(c(m.request_kv_peak_max)));
   return std::move(w.out());
 }
 

@@ -63,7 +63,22 @@ struct ServerMetrics {
   Histogram cancel_release_s;              // cancel flag set -> KV and slot released
   Histogram step_s;                        // one engine step (all sequences)
   std::atomic<uint64_t> started_unix{0};
+  // The largest per-request figures seen (JobResult::peak_rss_bytes, kv_peak_bytes).
+  std::atomic<uint64_t> request_rss_peak_max{0};
+  std::atomic<uint64_t> request_kv_peak_max{0};
 };
+
+// Raises `a` to `v` if `v` is larger (lock-free).
+inline void AtomicMax(std::atomic<uint64_t>& a, uint64_t v) {
+  uint64_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+// The process's resident set size now (/proc/self/statm), and its high-water mark (VmHWM in
+// /proc/self/status: the kernel's own peak, which no sampling misses); 0 when unreadable.
+uint64_t ResidentBytes();
+uint64_t ResidentPeakBytes();
 
 struct EngineStatus;
 // Prometheus text exposition (version 0.0.4) of `m` plus the engine's gauges (queue length,

@@ -867,6 +867,17 @@ TEST(ContentType, JsonOnly) {
   EXPECT_FALSE(IsJsonContentType("application/jsonx"));
 }
 
+TEST(QueryParam, FindsDecodesAndIgnoresOthers) {
+  EXPECT_EQ(QueryParam("/health?identity=ab12", "identity"), "ab12");
+  EXPECT_EQ(QueryParam("/health?x=1&identity=ab%31%2b+c&identity=zz", "identity"), "ab1+ c");
+  EXPECT_EQ(QueryParam("/health?identityx=1", "identity"), "");
+  EXPECT_EQ(QueryParam("/health?xidentity=1", "identity"), "");
+  EXPECT_EQ(QueryParam("/health", "identity"), "");
+  EXPECT_EQ(QueryParam("/health?identity", "identity"), "");
+  EXPECT_EQ(QueryParam("/health?identity=a%zzb%4", "identity"), "a%zzb%4");  // bad escapes kept as sent
+  EXPECT_EQ(QueryParam("/health?identity=ab#frag", "identity"), "ab");
+}
+
 TEST(ApiKey, MatchesOnlyTheSameKey) {
   EXPECT_TRUE(ApiKeyMatches("sk-abc", "sk-abc"));
   EXPECT_FALSE(ApiKeyMatches("sk-abd", "sk-abc"));

@@ -45,7 +45,7 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"mererun serve did not start in {startup_timeout}s:\n{self.log()}")
         self.base_url = f"http://127.0.0.1:{self.port}"
-        # The port opens before the warm-up generation ends; /health answers 503 "loading" until
+        # The port opens before the warm-up generation ends; /health answers 529 "loading" until
         # then (requests would get 529). wait_ready=False leaves that to the test.
         if wait_ready:
             self.wait_ready(deadline - time.time())
@@ -61,7 +61,7 @@ class ServerProcess:
                 if self.health()[0] == 200:
                     return
             except urllib.error.HTTPError as e:
-                if e.code != 503:
+                if e.code != 529:
                     raise
             except OSError:
                 pass

@@ -77,3 +77,37 @@ def test_qualify_dataset_checksum(run_mererun, repo_root, tmp_path):
                     "--data", tmp_path / "sotu")
     assert r.returncode == 1
     assert "sha256" in r.stderr and "expected the recorded" in r.stderr
+
+
+def test_qualify_on_your_own_text(run_mererun, model_path, tmp_path, repo_root):
+    """--text DIR scores any UTF-8 text: its text files in path order, hidden entries and
+    binaries left out; the recorded sha256 is that of exactly the text used (checked here
+    independently); too little text says how much there is."""
+    import hashlib
+    model_path("smollm2-135m-instruct")
+    d = tmp_path / "corpus"
+    (d / "b").mkdir(parents=True)
+    (d / ".git").mkdir()
+    (d / ".git" / "config").write_text("[core]\n" * 1000)
+    (d / "b" / "z.py").write_text((repo_root / "deploy" / "cluster.py").read_text())
+    (d / "a.md").write_text((repo_root / "docs" / "deploy.md").read_text())
+    (d / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    out = tmp_path / "t.json"
+    r = run_mererun("qualify", "likelihood", "-m", "smollm2-135m-instruct", "--reference", "threads=1",
+                    "--candidate", "threads=2", "--windows", "2", "--positions", "64", "--text", d, "--json", out)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    ds = rep["dataset"]
+    assert rep["resources"]["process_peak_rss_bytes"] > 100 << 20  # two SmolLM2 configurations loaded
+    assert ds["kind"] == "text" and ds["files"] == ["a.md", "b/z.py"] and ds["files_left_out"] == 1
+    want = hashlib.sha256(((d / "a.md").read_text() + "\n\n" + (d / "b" / "z.py").read_text()).encode()).hexdigest()
+    assert ds["text_sha256"] == want
+    # Too little text: the error says what it holds.
+    small = tmp_path / "small.txt"
+    small.write_text("A short note about rivers and mountains. " * 40)
+    r = run_mererun("qualify", "likelihood", "-m", "smollm2-135m-instruct", "--reference", "threads=1",
+                    "--candidate", "threads=2", "--text", small)
+    assert r.returncode == 1 and "the text gives" in r.stderr and "--positions" in r.stderr, r.stderr
+    r = run_mererun("qualify", "likelihood", "-m", "smollm2-135m-instruct", "--reference", "threads=1",
+                    "--candidate", "threads=2", "--text", d / "blob.bin")
+    assert r.returncode == 1 and "not UTF-8 text" in r.stderr, r.stderr

@@ -57,6 +57,9 @@ def test_qualify_speed_over_http(run_mererun, model_path, tmp_path):
         for x in (s, warm):
             assert 1 <= x["generated"] <= 24 and x["decode_tok_s"] > 0 and x["wall_s"] > 0
             assert x["peak_rss_bytes"] > 50 << 20 and x["resource_ok"] is False
+            # The server's figures: its RSS while the request ran, and the KV the prompt held.
+            assert 50 << 20 < x["server_peak_rss_bytes"] <= x["peak_rss_bytes"] + (8 << 20)
+            assert x["kv_peak_bytes"] >= x["prompt_tokens"] * 23040  # SmolLM2: 30 x 3 x 64 x 2 x 2
         # The prompt is cached after the warm-up: the kept sample reads it from the cache.
         assert s["reused_tokens"] > 1000
     cand = w["blocks"][1]["samples"][0]["spec"]

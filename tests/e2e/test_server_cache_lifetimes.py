@@ -118,3 +118,37 @@ def test_the_disk_tier_survives_a_restart(mererun_bin, model_path, tmp_path):
         assert s.wait_for_log(r"checksum mismatch", timeout=5)
     finally:
         s.stop()
+
+
+def test_numerics_controls_never_share_a_cached_prefix(mererun_bin, model_path, tmp_path):
+    """The disk tier outlives a process, so it is where another configuration could read KV that
+    this one did not compute. Every control that changes the arithmetic (docs/configuration.md)
+    is part of the cache key: with one of them changed nothing is read; with only the thread
+    count changed (same arithmetic) the blocks are read and the answer is the same."""
+    model_path("smollm2-135m-instruct")
+    cache_dir = tmp_path / "kv"
+    question = "Name the highest mountain in Africa."
+
+    def run(env, wait_written=False):
+        s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048", "--cache-dir", cache_dir,
+                          "--no-warmup", env=env)
+        try:
+            msg = ask(client_of(s), question=question, max_tokens=12)
+            if wait_written:
+                deadline = time.time() + 30
+                while metric(s, "mererun_disk_cache_files") < 2 and time.time() < deadline:
+                    time.sleep(0.2)
+            return msg
+        finally:
+            s.stop()
+
+    flags = open("/proc/cpuinfo").read()
+    other_cpu = "avx2" if " avx512vnni" in flags or " avx512_vnni" in flags else "scalar"
+    first = run({"MERERUN_THREADS": "2"}, wait_written=True)
+    assert first.usage.cache_read_input_tokens == 0
+    for env in ({"MERERUN_WEIGHTS": "q8g64"}, {"MERERUN_CPU": other_cpu}, {"MERERUN_PATH": "ref"}):
+        msg = run({"MERERUN_THREADS": "2", **env})
+        assert msg.usage.cache_read_input_tokens == 0, (env, msg.usage)
+    same = run({"MERERUN_THREADS": "1"})
+    assert same.usage.cache_read_input_tokens > 0, same.usage
+    assert [b.text for b in same.content] == [b.text for b in first.content]

@@ -431,6 +431,10 @@ def test_sigterm_mid_stream_ends_with_error_event(mererun_bin, model_path):
             r2 = requests.post(s.base_url + "/v1/messages", timeout=5, json={
                 "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
             assert r2.status_code == 529, r2.text
+            # /health says so too (a load balancer's check takes the replica out).
+            h = requests.get(s.base_url + "/health", timeout=5)
+            assert h.status_code == 529 and h.json()["status"] == "draining", h.text
+            assert h.headers.get("retry-after") == "1"
         except requests.ConnectionError:
             pass  # already past the drain and closed
         events = read_sse(streams[2])

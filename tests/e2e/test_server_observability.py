@@ -225,3 +225,33 @@ def test_repeated_prefix_is_read_from_the_cache(client):
     n2 = client.messages.count_tokens(**second_req).input_tokens
     assert u2.cache_read_input_tokens > 0
     assert u2.input_tokens + u2.cache_read_input_tokens + u2.cache_creation_input_tokens == n2
+
+
+def kv_bytes_per_token(run_mererun):
+    """From the model's own metadata (`mererun info`): layers x KV heads x head size x (K, V) x
+    2 bytes (BF16 cache)."""
+    info = run_mererun("info", "-m", MODEL).stdout
+    val = {k: int(re.search(rf"^{re.escape(k)}:\s+(\d+)", info, re.M).group(1))
+           for k in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")}
+    head = val["embedding_length"] // val["attention.head_count"]
+    return val["block_count"] * val["attention.head_count_kv"] * head * 2 * 2
+
+
+def test_resource_headers_and_metrics(server, client, run_mererun):
+    """Per request: peak resident memory, the KV bytes its sequence held at most, and the
+    process's high-water mark (x-mererun-* headers); /metrics keeps the maxima and VmHWM."""
+    per_token = kv_bytes_per_token(run_mererun)
+    raw = client.messages.with_raw_response.create(
+        model="m", max_tokens=24, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Count from one to twenty in words: " + "one two three " * 20}])
+    msg = raw.parse()
+    h = raw.headers
+    rss, kv, hwm = (int(h[f"x-mererun-{k}"]) for k in ("peak-rss-bytes", "kv-peak-bytes", "process-peak-rss-bytes"))
+    n = msg.usage.input_tokens + msg.usage.cache_read_input_tokens + msg.usage.output_tokens
+    # The last generated token is not fed back; drafts verified past the end may add a few rows.
+    assert (n - 1) * per_token <= kv <= (n + 16) * per_token, (kv, n, per_token)
+    assert 30e6 < rss <= hwm, (rss, hwm)  # the weights alone are ~100 MB in the file
+    _, m = metrics(server)
+    assert m[("mererun_request_kv_peak_bytes_max", frozenset())] >= kv
+    assert m[("mererun_request_resident_peak_bytes_max", frozenset())] >= rss
+    assert m[("mererun_resident_memory_peak_bytes", frozenset())] >= m[("mererun_resident_memory_bytes", frozenset())]

@@ -133,7 +133,7 @@ def test_bad_draft_configuration_is_a_startup_error(mererun_bin, model_path, arg
 
 @pytest.mark.slow
 def test_warm_up_is_loading_then_ready_and_sigterm_cuts_it_short(mererun_bin, model_path):
-    """The port opens before the (sampled, drafting) warm-up ends: /health says loading (503) and
+    """The port opens before the (sampled, drafting) warm-up ends: /health says loading (529) and
     requests get 529 with retry-after until it is done. Qwen 1.5B's warm-up takes seconds here,
     so the window is observable. A SIGTERM during the warm-up ends it early."""
     model_path("qwen2.5-coder-1.5b-instruct")
@@ -143,7 +143,7 @@ def test_warm_up_is_loading_then_ready_and_sigterm_cuts_it_short(mererun_bin, mo
                       env={"MERERUN_LOG": "info"})
     try:
         r = requests.get(s.base_url + "/health", timeout=10)
-        assert r.status_code == 503 and r.json()["status"] == "loading", r.text
+        assert r.status_code == 529 and r.json()["status"] == "loading", r.text
         r = requests.post(s.base_url + "/v1/messages", timeout=30, json={
             "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 529 and int(r.headers["retry-after"]) >= 1, r.text
