@@ -125,7 +125,8 @@ WeightMatrix RandomWeights(WeightFormat f, int64_t rows, int64_t cols, XorShift&
       uint8_t* blk = w.k.data.data() + (t * w.k.supers() + sb) * KBlockBytes(kf);
       for (int o = 0; o < kKTile; ++o) {
         std::memcpy(blk + 2 * o, &d, 2);
-        if (kf == KFormat::kQ4K || kf == KFormat::kQ4_1) std::memcpy(blk + 32 + 2 * o, &d, 2);  // dmin / m
+        if (kf == KFormat::kQ4K || kf == KFormat::kQ5K || kf == KFormat::kQ4_1)
+          std::memcpy(blk + 32 + 2 * o, &d, 2);  // dmin / m
       }
     }
   }

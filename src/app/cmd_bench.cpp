@@ -210,8 +210,9 @@ json MeasureMachine(const Options& o) {
   const KernelTable& k = GetKernels(SelectedCpuVariant());
   machine["matmul"] = {{"cpu_variant", CpuVariantName(k.variant)}, {"points", json::array()}};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{8960, 1536}, {1536, 8960}};
-  for (WeightFormat f :
-       {WeightFormat::kQ8G64, WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kQ5_0, WeightFormat::kQ4_1}) {
+  std::vector<WeightFormat> formats = {WeightFormat::kQ8G64};
+  for (KFormat kf : kAllKFormats) formats.push_back(NativeWeightFormat(kf));
+  for (WeightFormat f : formats) {
     for (const auto& [rows, cols] : shapes) {
       for (int t : o.threads) {
         std::fprintf(stderr, "[bench] matmul %s %lldx%lld, %d thread(s)\n", WeightFormatName(f), (long long)rows,

@@ -33,6 +33,25 @@ void DequantQ4KBlock(const uint8_t* x, float* y) {
   }
 }
 
+// block_q5_K: Q4_K's scales and mins; quant l of 64-input group j has the fifth bit 2j (first 32
+// inputs) or 2j + 1 (last 32) of qh[l].
+void DequantQ5KBlock(const uint8_t* x, float* y) {
+  const float d = LoadF16(x), dmin = LoadF16(x + 2);
+  const uint8_t* scales = x + 4;
+  const uint8_t* qh = x + 16;
+  const uint8_t* ql = x + 48;
+  uint8_t u1 = 1, u2 = 2;
+  for (int is = 0; is < 8; is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+    uint8_t sc, m;
+    KScaleMin(is, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    KScaleMin(is + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+  }
+}
+
 void DequantQ6KBlock(const uint8_t* x, float* y) {
   const uint8_t* ql = x;
   const uint8_t* qh = x + 128;
@@ -78,6 +97,23 @@ void DequantQ41Block(const uint8_t* x, float* y) {
   }
 }
 
+// block_q8_0: y = q * d with q int8.
+void DequantQ80Block(const uint8_t* x, float* y) {
+  const float d = LoadF16(x);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(x + 2);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+}
+
+// block_q4_0: y = (q - 8) * d with q in [0, 15].
+void DequantQ40Block(const uint8_t* x, float* y) {
+  const float d = LoadF16(x);
+  const uint8_t* qs = x + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
+    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
 // KByteOffset as base + o * stride per ggml byte b, tabulated once per format.
 struct OffsetTable {
   int32_t base[kKMaxSuperBytes];
@@ -94,8 +130,9 @@ OffsetTable MakeTable(KFormat f) {
 }
 
 const OffsetTable& Table(KFormat f) {
-  static const OffsetTable tables[kKFormats] = {MakeTable(KFormat::kQ4K), MakeTable(KFormat::kQ6K),
-                                                MakeTable(KFormat::kQ5_0), MakeTable(KFormat::kQ4_1)};
+  static const OffsetTable tables[kKFormats] = {
+      MakeTable(KFormat::kQ4K),  MakeTable(KFormat::kQ6K),  MakeTable(KFormat::kQ5_0), MakeTable(KFormat::kQ4_1),
+      MakeTable(KFormat::kQ8_0), MakeTable(KFormat::kQ4_0), MakeTable(KFormat::kQ5K)};
   return tables[static_cast<int>(f)];
 }
 
@@ -116,11 +153,21 @@ const char* KFormatName(KFormat f) {
       return "q5_0";
     case KFormat::kQ4_1:
       return "q4_1";
+    case KFormat::kQ8_0:
+      return "q8_0";
+    case KFormat::kQ4_0:
+      return "q4_0";
+    case KFormat::kQ5K:
+      return "q5_k";
   }
   return "?";
 }
 
 int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
+  if (f == KFormat::kQ8_0 || f == KFormat::kQ4_0) {
+    if (b < 2) return 2 * o + b;    // d
+    return QsOffset(32, o, b - 2);  // qs
+  }
   if (f == KFormat::kQ5_0) {
     if (b < 2) return 2 * o + b;             // d
     if (b < 6) return 32 + 4 * o + (b - 2);  // qh
@@ -131,11 +178,13 @@ int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
     if (b < 4) return 32 + 2 * o + (b - 2);  // m
     return QsOffset(64, o, b - 4);           // qs
   }
-  if (f == KFormat::kQ4K) {
-    if (b < 2) return 2 * o + b;               // d
-    if (b < 4) return 32 + 2 * o + (b - 2);    // dmin
-    if (b < 16) return 64 + 16 * (b - 4) + o;  // scales
-    return QsOffset(256, o, b - 16);           // qs
+  if (f == KFormat::kQ4K || f == KFormat::kQ5K) {
+    if (b < 2) return 2 * o + b;                              // d
+    if (b < 4) return 32 + 2 * o + (b - 2);                   // dmin
+    if (b < 16) return 64 + 16 * (b - 4) + o;                 // scales
+    if (f == KFormat::kQ4K) return QsOffset(256, o, b - 16);  // qs
+    if (b < 48) return QsOffset(256, o, b - 16);              // qh
+    return QsOffset(768, o, b - 48);                          // qs
   }
   if (b < 128) {  // ql: half n, first or second 32 bytes of the half, chunk c
     const int64_t n = b / 64, w = b % 64;
@@ -163,8 +212,8 @@ Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* d
   const KFormat f = dst->format;
   const int64_t sb = KSuperBytes(f), supers = dst->supers(), row_bytes = supers * sb;
   const OffsetTable& tab = Table(f);
-  const int64_t d_at = f == KFormat::kQ6K ? 208 : 0;              // f16 d
-  const bool second = f == KFormat::kQ4K || f == KFormat::kQ4_1;  // an f16 dmin / m after d
+  const int64_t d_at = f == KFormat::kQ6K ? 208 : 0;                                    // f16 d
+  const bool second = f == KFormat::kQ4K || f == KFormat::kQ5K || f == KFormat::kQ4_1;  // f16 dmin / m after d
   for (int64_t t = t_begin; t < t_end; ++t) {
     for (int64_t o = t * kKTile; o < std::min((t + 1) * kKTile, dst->rows); ++o) {
       const int64_t r = o % kKTile;
@@ -226,6 +275,15 @@ void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
         break;
       case KFormat::kQ4_1:
         DequantQ41Block(x, y);
+        break;
+      case KFormat::kQ8_0:
+        DequantQ80Block(x, y);
+        break;
+      case KFormat::kQ4_0:
+        DequantQ40Block(x, y);
+        break;
+      case KFormat::kQ5K:
+        DequantQ5KBlock(x, y);
         break;
     }
   }

@@ -1,11 +1,12 @@
-// Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 words, reordered into tiles
+// Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 / Q8_0 / Q4_0 / Q5_K words,
+// reordered into tiles
 // of kKTile = 16 output rows so that one 64-byte load holds 4 quant bytes of each of the 16 rows.
 // The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin/m, the
 // packed 6-bit or int8 scales and Q5_0's high bits stay as stored); UnpackK restores the file's
 // bytes exactly.
 //
 // A matrix has `rows` outputs of `cols` inputs (cols a multiple of the format's block inputs,
-// KSuperInputs: 256 for the K-quants, 32 for Q5_0 / Q4_1). Tile t covers outputs 16t..16t+15 (the
+// KSuperInputs: 256 for the K-quants, 32 for Q5_0 / Q4_1 / Q8_0 / Q4_0). Tile t covers outputs 16t..16t+15 (the
 // last tile padded with zero rows: d = 0, so they contribute nothing). Tile t, super-block s
 // (one ggml block per row: inputs s*KSuperInputs..) is one block of 16 * (ggml block bytes) at
 // (t * supers + s) * KBlockBytes(format). Inside a block, row o (0..15) of the tile:
@@ -19,6 +20,12 @@
 //    so the 64-byte chunk c of activation group k (64 inputs) holds, for the 16 rows, the nibbles
 //    of inputs 64k + 4c..+3 (low) and 64k + 32 + 4c..+3 (high): u8 weights for vpdpbusd /
 //    vpmaddubsw against 4 broadcast activation bytes, 16 (or 2 x 8) outputs per register.
+//  Q5_K (ggml block_q5_K: d f16, dmin f16, scales[12], qh[32], qs[128]; 2816-byte blocks):
+//    [0, 256)     d, dmin and scales as Q4_K
+//    [256, 768)   qh[b] at 256 + (b/4)*64 + 4o + b%4: chunk c holds qh[4c..4c+3] of the 16 rows,
+//                 whose bits 2k and 2k + 1 are the fifth bits of inputs 64k + 4c..+3 and
+//                 64k + 32 + 4c..+3
+//    [768, 2816)  qs[b] at 768 + (b/4)*64 + 4o + b%4 (chunks as Q4_K)
 //  Q6_K (ggml block_q6_K: ql[128], qh[64], scales[16] int8, d f16; 3360-byte blocks):
 //    [0, 32)      d of row o at 2o
 //    [32, 288)    scales[j] at 32 + 16j + o
@@ -36,6 +43,12 @@
 //    [0, 32)      d of row o at 2o
 //    [32, 64)     m of row o at 32 + 2o
 //    [64, 320)    qs[b] at 64 + (b/4)*64 + 4o + b%4 (chunks as Q5_0)
+//  Q8_0 (ggml block_q8_0: d f16, qs[32] int8; 32 inputs; 544-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 544)    qs[b] at 32 + (b/4)*64 + 4o + b%4: chunk c (0..7) holds inputs 4c..4c+3
+//  Q4_0 (ggml block_q4_0: d f16, qs[16]; 32 inputs; y = (q - 8) * d; 288-byte blocks):
+//    [0, 32)      d of row o at 2o
+//    [32, 288)    qs[b] at 32 + (b/4)*64 + 4o + b%4 (chunks as Q5_0)
 #pragma once
 
 #include <cstdint>
@@ -45,20 +58,27 @@
 
 namespace mr {
 
-enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1, kQ5_0 = 2, kQ4_1 = 3 };
-constexpr int kKFormats = 4;
+enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1, kQ5_0 = 2, kQ4_1 = 3, kQ8_0 = 4, kQ4_0 = 5, kQ5K = 6 };
+constexpr int kKFormats = 7;
+// Every format, in KFormat order (tests and benchmarks iterate over it).
+constexpr KFormat kAllKFormats[] = {KFormat::kQ4K,  KFormat::kQ6K,  KFormat::kQ5_0, KFormat::kQ4_1,
+                                    KFormat::kQ8_0, KFormat::kQ4_0, KFormat::kQ5K};
+static_assert(sizeof(kAllKFormats) / sizeof(kAllKFormats[0]) == kKFormats);
 constexpr int64_t kKTile = 16;           // output rows per tile
 constexpr int64_t kKSuper = 256;         // inputs per K-quant super-block (ggml QK_K)
-constexpr int64_t kKBlock32 = 32;        // inputs per Q5_0 / Q4_1 block (ggml QK5_0, QK4_1)
+constexpr int64_t kKBlock32 = 32;        // inputs per Q5_0 / Q4_1 / Q8_0 / Q4_0 block (ggml QK5_0, ...)
 constexpr int64_t kQ4KSuperBytes = 144;  // sizeof(block_q4_K)
+constexpr int64_t kQ5KSuperBytes = 176;  // sizeof(block_q5_K)
 constexpr int64_t kQ6KSuperBytes = 210;  // sizeof(block_q6_K)
 constexpr int64_t kQ50BlockBytes = 22;   // sizeof(block_q5_0)
 constexpr int64_t kQ41BlockBytes = 20;   // sizeof(block_q4_1)
+constexpr int64_t kQ80BlockBytes = 34;   // sizeof(block_q8_0)
+constexpr int64_t kQ40BlockBytes = 18;   // sizeof(block_q4_0)
 constexpr int64_t kKMaxSuperBytes = kQ6KSuperBytes;
 
 // Inputs per super-block (one ggml block of one row) of format f.
 constexpr int64_t KSuperInputs(KFormat f) {
-  return f == KFormat::kQ4K || f == KFormat::kQ6K ? kKSuper : kKBlock32;
+  return f == KFormat::kQ4K || f == KFormat::kQ6K || f == KFormat::kQ5K ? kKSuper : kKBlock32;
 }
 constexpr int64_t KSuperBytes(KFormat f) {
   switch (f) {
@@ -70,6 +90,12 @@ constexpr int64_t KSuperBytes(KFormat f) {
       return kQ50BlockBytes;
     case KFormat::kQ4_1:
       return kQ41BlockBytes;
+    case KFormat::kQ8_0:
+      return kQ80BlockBytes;
+    case KFormat::kQ4_0:
+      return kQ40BlockBytes;
+    case KFormat::kQ5K:
+      return kQ5KSuperBytes;
   }
   return 0;
 }
@@ -105,7 +131,7 @@ Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* d
 // The ggml bytes of all real rows, row-major (the inverse permutation of PackKTiles).
 std::vector<uint8_t> UnpackK(const KMatrix& m);
 // Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K, _q6_K,
-// _q5_0, _q4_1).
+// _q5_0, _q4_1, _q8_0, _q4_0, _q5_K).
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
 // nb consecutive ggml blocks in file order -> nb * KSuperInputs(f) floats, bit-identical to
 // ggml-quants.c

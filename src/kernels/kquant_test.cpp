@@ -29,7 +29,7 @@ int64_t DOffset(KFormat f) {
   return f == KFormat::kQ6K ? 208 : 0;
 }
 bool HasSecondScale(KFormat f) {
-  return f == KFormat::kQ4K || f == KFormat::kQ4_1;
+  return f == KFormat::kQ4K || f == KFormat::kQ5K || f == KFormat::kQ4_1;
 }
 
 // Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin.
@@ -116,8 +116,7 @@ TEST_P(KFormatTest, NonFiniteScaleIsRejectedWithItsRow) {
   EXPECT_NE(st.message().find("row 17"), std::string::npos) << st.message();
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, KFormatTest,
-                         ::testing::Values(KFormat::kQ4K, KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1),
+INSTANTIATE_TEST_SUITE_P(Formats, KFormatTest, ::testing::ValuesIn(kAllKFormats),
                          [](const auto& info) { return std::string(KFormatName(info.param)); });
 
 std::vector<float> RandomActs(int64_t n, uint32_t seed) {
@@ -195,6 +194,37 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
   }
 }
 
+// The integer bounds the kernels rely on (int16 partial sums, vpmaddubsw's saturation, int32
+// sums): every quant byte at an extreme (0xFF: the largest nibbles and 5-/6-bit quants with every
+// high bit, and the largest scales and mins; 0x80: Q8_0's -128) against activations that all
+// quantize to +127 or -127, so every product has the same sign and the largest magnitude.
+TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
+  const auto [cpu, f] = GetParam();
+  const KernelTable& k = GetKernels(cpu);
+  const int64_t cols = 512, out = 17, n = 8;
+  for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
+    auto src = RandomBlocks(f, out, cols, 5);
+    const int64_t sb = KSuperBytes(f), d_at = DOffset(f);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const int64_t b = static_cast<int64_t>(i) % sb;
+      const bool scale_field = (b >= d_at && b < d_at + 2) || (HasSecondScale(f) && b >= 2 && b < 4);
+      if (!scale_field) src[i] = fill;
+    }
+    const KMatrix m = Pack(f, src, out, cols);
+    for (float sign : {1.0f, -1.0f}) {
+      const QActs a = Quantize(std::vector<float>(static_cast<size_t>(n * cols), sign), n, cols);
+      ASSERT_EQ(a.q[0], sign > 0 ? 127 : -127);
+      std::vector<float> y_ref(n * out), y(n * out);
+      ref::MatmulKInt(m, a, n, y_ref.data(), out, 0, out);
+      k.matmul_k[static_cast<int>(f)](m, a, n, y.data(), out, 0, m.tiles());
+      for (int64_t i = 0; i < n * out; ++i) {
+        ASSERT_NEAR(y[i], y_ref[i], 2e-6 * AbsDot(m, i % out, a, i / out) + 1e-6)
+            << KFormatName(f) << " fill " << int{fill} << " sign " << sign << " at " << i;
+      }
+    }
+  }
+}
+
 // A row's outputs are bit-identical whatever the number of rows in the call (1 in decode, k + 1
 // in verification, 64 in prefill): greedy speculative decoding emits exactly what plain decoding
 // does only if the kernels keep this.
@@ -254,7 +284,7 @@ TEST_P(KKernelTest, FusedGluMatchesReference) {
 std::vector<KCase> AllCases() {
   std::vector<KCase> v;
   for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
-    for (KFormat f : {KFormat::kQ4K, KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1}) v.push_back({c, f});
+    for (KFormat f : kAllKFormats) v.push_back({c, f});
   }
   return v;
 }

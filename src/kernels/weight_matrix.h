@@ -1,7 +1,7 @@
 // The weight-matrix abstraction of the fast path: one matrix in the format its kernels read,
 // with the format tag deciding the kernel. Q8/g64 (q8.h) is the converted format, for every
-// GGUF type; Q4_K, Q6_K, Q5_0 and Q4_1 (kquant.h) keep the file's own words, only reordered
-// into tiles.
+// GGUF type; Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0 and Q4_0 (kquant.h) keep the file's own words, only
+// reordered into tiles.
 // A new format adds a tag, a member and a case here (and its kernels in KernelTable); callers
 // (the model's forward pass) only see tiles, bytes and these entry points.
 #pragma once
@@ -16,7 +16,16 @@
 namespace mr {
 
 // Native formats are 1 + their KFormat.
-enum class WeightFormat : uint8_t { kQ8G64 = 0, kQ4K = 1, kQ6K = 2, kQ5_0 = 3, kQ4_1 = 4 };
+enum class WeightFormat : uint8_t {
+  kQ8G64 = 0,
+  kQ4K = 1,
+  kQ6K = 2,
+  kQ5_0 = 3,
+  kQ4_1 = 4,
+  kQ8_0 = 5,
+  kQ4_0 = 6,
+  kQ5K = 7
+};
 const char* WeightFormatName(WeightFormat f);
 constexpr WeightFormat NativeWeightFormat(KFormat f) {
   return static_cast<WeightFormat>(1 + static_cast<int>(f));

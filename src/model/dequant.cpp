@@ -31,10 +31,7 @@ constexpr int64_t kQK = 32;     // elements per block of the legacy quants (QK4_
 constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
 
 // Block sizes in bytes (sizeof(block_*) in ggml-common.h).
-constexpr int64_t kQ4_0Bytes = 2 + kQK / 2;                         // d, qs[16]
-constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;                 // d, m, qh[4], qs[16]
-constexpr int64_t kQ8_0Bytes = 2 + kQK;                             // d, qs[32]
-constexpr int64_t kQ5_KBytes = 2 + 2 + 12 + kQK_K / 8 + kQK_K / 2;  // ... qh[32], qs[128]
+constexpr int64_t kQ5_1Bytes = 2 + 2 + 4 + kQK / 2;  // d, m, qh[4], qs[16]
 
 inline uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
@@ -69,18 +66,6 @@ void DequantBF16(const uint8_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Bf16ToF32(LoadU16(x + 2 * i));
 }
 
-// block_q4_0: y[j] = (lo4(qs[j]) - 8) * d, y[j+16] = (hi4(qs[j]) - 8) * d.
-void DequantQ4_0(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ4_0Bytes, y += kQK) {
-    const float d = LoadF16(x);
-    const uint8_t* qs = x + 2;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
-      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
 // block_q5_1: as q5_0 without the -16 offset, plus the block minimum m.
 void DequantQ5_1(const uint8_t* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQ5_1Bytes, y += kQK) {
@@ -93,41 +78,6 @@ void DequantQ5_1(const uint8_t* x, float* y, int64_t nb) {
       const int h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
       y[j] = static_cast<float>((qs[j] & 0x0F) | h0) * d + m;
       y[j + 16] = static_cast<float>((qs[j] >> 4) | h1) * d + m;
-    }
-  }
-}
-
-// block_q8_0: y = int8 q * d.
-void DequantQ8_0(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ8_0Bytes, y += kQK) {
-    const float d = LoadF16(x);
-    const int8_t* qs = reinterpret_cast<const int8_t*>(x + 2);
-    for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(qs[j]) * d;
-  }
-}
-
-// block_q5_K: as q4_K plus a fifth bit per element from qh[32]: for sub-block s, element l of
-// the sub-block takes bit s of qh[l].
-void DequantQ5_K(const uint8_t* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQ5_KBytes) {
-    const float d = LoadF16(x);
-    const float dmin = LoadF16(x + 2);
-    const uint8_t* scales = x + 4;
-    const uint8_t* qh = x + 16;
-    const uint8_t* ql = x + 48;
-    uint8_t u1 = 1, u2 = 2;
-    for (int is = 0; is < 8; is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
-      uint8_t sc, m;
-      KScaleMin(is, scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      KScaleMin(is + 1, scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) {
-        *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
-      }
-      for (int l = 0; l < 32; ++l) {
-        *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
-      }
     }
   }
 }
@@ -181,8 +131,8 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
     case kTypeBF16:
       DequantBF16(x, dst, n);
       break;
-    case kTypeQ4_0:
-      DequantQ4_0(x, dst, nb);
+    case kTypeQ4_0:  // block_q4_0: y = (q - 8)*d (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ4_0, x, dst, nb);
       break;
     case kTypeQ4_1:  // block_q4_1: y = q*d + m (kernels/kquant.cpp)
       DequantizeKBlocks(KFormat::kQ4_1, x, dst, nb);
@@ -193,14 +143,14 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
     case kTypeQ5_1:
       DequantQ5_1(x, dst, nb);
       break;
-    case kTypeQ8_0:
-      DequantQ8_0(x, dst, nb);
+    case kTypeQ8_0:  // block_q8_0: y = q*d (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ8_0, x, dst, nb);
       break;
     case kTypeQ4_K:  // block_q4_K: 8 sub-blocks of 32, y = d*sc*q - dmin*m (kernels/kquant.cpp)
       DequantizeKBlocks(KFormat::kQ4K, x, dst, nb);
       break;
-    case kTypeQ5_K:
-      DequantQ5_K(x, dst, nb);
+    case kTypeQ5_K:  // block_q5_K: as Q4_K with a fifth bit per quant from qh (kernels/kquant.cpp)
+      DequantizeKBlocks(KFormat::kQ5K, x, dst, nb);
       break;
     case kTypeQ6_K:  // block_q6_K: 16 sub-blocks of 16, y = d*sc*(q - 32) (kernels/kquant.cpp)
       DequantizeKBlocks(KFormat::kQ6K, x, dst, nb);

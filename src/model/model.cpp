@@ -171,6 +171,9 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
     case gguf::TensorType::kQ4_K:
       *f = KFormat::kQ4K;
       return true;
+    case gguf::TensorType::kQ5_K:
+      *f = KFormat::kQ5K;
+      return true;
     case gguf::TensorType::kQ6_K:
       *f = KFormat::kQ6K;
       return true;
@@ -180,6 +183,12 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
     case gguf::TensorType::kQ4_1:
       *f = KFormat::kQ4_1;
       return true;
+    case gguf::TensorType::kQ8_0:
+      *f = KFormat::kQ8_0;
+      return true;
+    case gguf::TensorType::kQ4_0:
+      *f = KFormat::kQ4_0;
+      return true;
     default:
       return false;
   }
@@ -187,7 +196,8 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
 
 }  // namespace
 
-// A GGUF matrix (rows outputs of cols inputs) in its fast-path format: Q4_K / Q6_K tensors stay
+// A GGUF matrix (rows outputs of cols inputs) in its fast-path format: tensors of a native type
+// (kquant.h: Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0) stay
 // native when allowed (native_weights_ and allow_native); others are converted to Q8/g64 in row
 // chunks so peak memory stays small, chunks spread over the pool.
 Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out) {
@@ -252,7 +262,9 @@ Status Model::LoadMatrixFrom(const gguf::TensorInfo& tensor, bool allow_native, 
       if (!st.ok()) errors[th] = st;
     });
     for (const Status& st : errors) {
-      if (!st.ok()) return InvalidArgument("[model] tensor '" + name + "': " + st.message());
+      if (!st.ok()) {
+        return InvalidArgument("[model] tensor '" + name + "' (" + gguf::TypeName(t->type) + "): " + st.message());
+      }
     }
     ++n_native_;
     MR_LOGD("convert", "%-28s %-5s -> native tiles (no requantization)", name.c_str(), gguf::TypeName(t->type).c_str());

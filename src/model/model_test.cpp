@@ -52,14 +52,19 @@ struct TinySpec {
   // Write the matrices as Q4_K (attn_v, ffn_down and output as Q6_K, as a Q4_K_M file does)
   // with random blocks instead of F32; needs d, q_dim, ff multiples of 256.
   bool kquants = false;
+  // With kquants: the Q4_K matrices as Q5_K instead (a Q5_K_M file).
+  bool q5k = false;
   // Write the matrices as Q5_0 (attn_v, ffn_down and output as Q4_1) with random blocks: the
   // 32-input native formats; needs d, q_dim, ff multiples of 64.
   bool legacy32 = false;
+  // Write the matrices as Q4_0 (attn_v, ffn_down and output as Q8_0, as a Q4_0 file's larger
+  // types): the signed 32-input native formats; needs d, q_dim, ff multiples of 64.
+  bool signed32 = false;
   // Write rope_freqs.weight (Llama 3.x rope scaling): head_dim / 2 factors from 1 to 8.
   bool rope_freqs = false;
 };
 
-constexpr uint32_t kQ4_1 = 3, kQ5_0 = 6, kQ4_K = 12, kQ6_K = 14;
+constexpr uint32_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
 
 void PutF16(uint8_t* p, float v) {
   const uint16_t h = F32ToF16(v);
@@ -68,14 +73,16 @@ void PutF16(uint8_t* p, float v) {
 
 // Random Q4_K blocks (ggml block_q4_K) with centred weights of standard deviation ~ sigma:
 // min m = scale sc and dmin = 7.5 d, so w = d sc (q - 7.5).
-std::vector<uint8_t> RandomQ4K(int64_t n_blocks, std::mt19937& rng, float sigma) {
+// fifth: Q5_K blocks instead (qh[32] between the scales and the quants; q - 15.5 uniform, ~9.2).
+std::vector<uint8_t> RandomQ4K(int64_t n_blocks, std::mt19937& rng, float sigma, bool fifth = false) {
   std::uniform_int_distribution<int> byte(0, 255), six(32, 63);
-  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 144));
+  const int64_t bytes = fifth ? 176 : 144;
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * bytes));
   for (int64_t b = 0; b < n_blocks; ++b) {
-    uint8_t* x = v.data() + b * 144;
-    const float d = sigma / (48.0f * 4.6f);
+    uint8_t* x = v.data() + b * bytes;
+    const float d = fifth ? sigma / (48.0f * 9.2f) : sigma / (48.0f * 4.6f);
     PutF16(x, d);
-    PutF16(x + 2, 7.5f * d);
+    PutF16(x + 2, (fifth ? 15.5f : 7.5f) * d);
     uint8_t* sc = x + 4;
     std::memset(sc, 0, 12);
     for (int j = 0; j < 8; ++j) {  // inverse of ggml get_scale_min_k4 with m = sc
@@ -89,7 +96,7 @@ std::vector<uint8_t> RandomQ4K(int64_t n_blocks, std::mt19937& rng, float sigma)
         sc[j] |= static_cast<uint8_t>((s6 >> 4) << 6);
       }
     }
-    for (int i = 16; i < 144; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+    for (int i = 16; i < bytes; ++i) x[i] = static_cast<uint8_t>(byte(rng));
   }
   return v;
 }
@@ -110,30 +117,39 @@ std::vector<uint8_t> RandomQ6K(int64_t n_blocks, std::mt19937& rng, float sigma)
   return v;
 }
 
-// Random Q5_0 blocks (d, qh, qs): q - 16 uniform in [-16, 15], standard deviation ~9.2.
-std::vector<uint8_t> RandomQ50(int64_t n_blocks, std::mt19937& rng, float sigma) {
+// Random blocks of a 32-input format (`bytes` each: f16 d, then f16 m when m_over_d is not 0,
+// then random quant bytes), with d chosen so the weights' standard deviation is ~sigma given the
+// quants' own (q_sd, of q minus its offset).
+std::vector<uint8_t> RandomBlocks32(int64_t n_blocks, std::mt19937& rng, int bytes, float sigma, float q_sd,
+                                    float m_over_d = 0) {
   std::uniform_int_distribution<int> byte(0, 255);
-  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 22));
+  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * bytes));
+  const float d = sigma / q_sd;
+  const int head = m_over_d != 0 ? 4 : 2;
   for (int64_t b = 0; b < n_blocks; ++b) {
-    uint8_t* x = v.data() + b * 22;
-    PutF16(x, sigma / 9.2f);
-    for (int i = 2; i < 22; ++i) x[i] = static_cast<uint8_t>(byte(rng));
+    uint8_t* x = v.data() + b * bytes;
+    PutF16(x, d);
+    if (m_over_d != 0) PutF16(x + 2, m_over_d * d);
+    for (int i = head; i < bytes; ++i) x[i] = static_cast<uint8_t>(byte(rng));
   }
   return v;
 }
 
-// Random Q4_1 blocks (d, m, qs): q uniform in [0, 15], m centers them.
-std::vector<uint8_t> RandomQ41(int64_t n_blocks, std::mt19937& rng, float sigma) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::vector<uint8_t> v(static_cast<size_t>(n_blocks * 20));
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    uint8_t* x = v.data() + b * 20;
-    const float d = sigma / 4.6f;
-    PutF16(x, d);
-    PutF16(x + 2, -7.5f * d);
-    for (int i = 4; i < 20; ++i) x[i] = static_cast<uint8_t>(byte(rng));
-  }
-  return v;
+// Q5_0 (d, qh, qs): q - 16 uniform in [-16, 15], sd ~9.2.
+std::vector<uint8_t> RandomQ50(int64_t n, std::mt19937& rng, float sigma) {
+  return RandomBlocks32(n, rng, 22, sigma, 9.2f);
+}
+// Q4_1 (d, m, qs): q uniform in [0, 15], m = -7.5 d centers them.
+std::vector<uint8_t> RandomQ41(int64_t n, std::mt19937& rng, float sigma) {
+  return RandomBlocks32(n, rng, 20, sigma, 4.6f, -7.5f);
+}
+// Q8_0 (d, int8 qs): q uniform in [-128, 127], sd ~73.9.
+std::vector<uint8_t> RandomQ80(int64_t n, std::mt19937& rng, float sigma) {
+  return RandomBlocks32(n, rng, 34, sigma, 73.9f);
+}
+// Q4_0 (d, qs): q - 8 uniform in [-8, 7], sd ~4.6.
+std::vector<uint8_t> RandomQ40(int64_t n, std::mt19937& rng, float sigma) {
+  return RandomBlocks32(n, rng, 18, sigma, 4.6f);
 }
 
 // Writes a random tiny model to a temp file and returns its path.
@@ -180,8 +196,8 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
                         name == "output.weight";
     if (s.kquants) {
       const int64_t blocks = rows * cols / 256;
-      ASSERT_TRUE(w.AddTensor(name, second ? kQ6_K : kQ4_K, {cols, rows},
-                              second ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma))
+      ASSERT_TRUE(w.AddTensor(name, second ? kQ6_K : (s.q5k ? kQ5_K : kQ4_K), {cols, rows},
+                              second ? RandomQ6K(blocks, rng, sigma) : RandomQ4K(blocks, rng, sigma, s.q5k))
                       .ok());
       return;
     }
@@ -189,6 +205,13 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
       const int64_t blocks = rows * cols / 32;
       ASSERT_TRUE(w.AddTensor(name, second ? kQ4_1 : kQ5_0, {cols, rows},
                               second ? RandomQ41(blocks, rng, sigma) : RandomQ50(blocks, rng, sigma))
+                      .ok());
+      return;
+    }
+    if (s.signed32) {
+      const int64_t blocks = rows * cols / 32;
+      ASSERT_TRUE(w.AddTensor(name, second ? kQ8_0 : kQ4_0, {cols, rows},
+                              second ? RandomQ80(blocks, rng, sigma) : RandomQ40(blocks, rng, sigma))
                       .ok());
       return;
     }
@@ -379,29 +402,49 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   std::filesystem::remove(path);
 }
 
-TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
-  if (GetParam() == "gemma3" || GetParam() == "qwen3moe")
-    GTEST_SKIP() << "llama, qwen2, qwen3 cover the native formats";
+// The native-format tests run on llama, qwen2 and qwen3, which cover the formats. k256: widths
+// for the K-quants' 256-input blocks; else widths that are not multiples of 256 (as
+// Qwen2.5-0.5B's 896) for the 32-input blocks.
+bool NativeFormatArch(const std::string& arch) {
+  return arch != "gemma3" && arch != "qwen3moe";
+}
+TinySpec NativeSpec(const std::string& arch, bool k256) {
   TinySpec s;
-  s.arch = GetParam();
-  s.d = 256;
-  s.head_dim = 64;
-  s.ff = 512;
+  s.arch = arch;
+  s.d = k256 ? 256 : 192;
+  s.head_dim = k256 ? 64 : 48;
+  s.ff = k256 ? 512 : 320;
+  return s;
+}
+constexpr const char* kNativeSkip = "llama, qwen2, qwen3 cover the native formats";
+
+TEST_P(TinyArchTest, NativeKQuantWeightsTrackReferencePath) {
+  if (!NativeFormatArch(GetParam())) GTEST_SKIP() << kNativeSkip;
+  TinySpec s = NativeSpec(GetParam(), true);
   s.kquants = true;
   ExpectNativeTracksReference(s, 41);
 }
 
-// Q5_0 / Q4_1 (32-input blocks) at a width that is not a multiple of 256, as Qwen2.5-0.5B's 896.
+TEST_P(TinyArchTest, NativeQ5KWeightsTrackReferencePath) {
+  if (!NativeFormatArch(GetParam())) GTEST_SKIP() << kNativeSkip;
+  TinySpec s = NativeSpec(GetParam(), true);
+  s.kquants = true;
+  s.q5k = true;
+  ExpectNativeTracksReference(s, 45);
+}
+
 TEST_P(TinyArchTest, NativeQ50Q41WeightsTrackReferencePath) {
-  if (GetParam() == "gemma3" || GetParam() == "qwen3moe")
-    GTEST_SKIP() << "llama, qwen2, qwen3 cover the native formats";
-  TinySpec s;
-  s.arch = GetParam();
-  s.d = 192;
-  s.head_dim = 48;
-  s.ff = 320;
+  if (!NativeFormatArch(GetParam())) GTEST_SKIP() << kNativeSkip;
+  TinySpec s = NativeSpec(GetParam(), false);
   s.legacy32 = true;
   ExpectNativeTracksReference(s, 43);
+}
+
+TEST_P(TinyArchTest, NativeQ40Q80WeightsTrackReferencePath) {
+  if (!NativeFormatArch(GetParam())) GTEST_SKIP() << kNativeSkip;
+  TinySpec s = NativeSpec(GetParam(), false);
+  s.signed32 = true;
+  ExpectNativeTracksReference(s, 47);
 }
 
 TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {

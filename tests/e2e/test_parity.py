@@ -205,3 +205,25 @@ def test_parity_fast_path_on_the_q4_1_file(tmp_path, mererun_bin):
     r, rc, summary = _run_parity(model_path, mererun_bin, tmp_path)
     assert r["top1_agreement"] >= 0.92, summary
     assert r["mean_kl"] <= 0.02, summary
+
+
+@pytest.mark.slow
+def test_parity_fast_path_on_a_q8_0_file(tmp_path, mererun_bin):
+    """Native Q8_0 tiles (issue 12): SmolLM2 rewritten with Q8_0 matrices (`mererun convert`), run
+    by the fast path on the file's own Q8_0 words against llama.cpp on the same file. The load log
+    must say every matrix is native (a fall-back to Q8/g64 would requantize them), and the logits
+    must agree at least as well as on the Q4_1 file. A wrong offset, sign or block layout in the
+    Q8_0 kernel gives top-1 below 0.5."""
+    model_path = _prerequisites()
+    q8 = tmp_path / "smollm2-q8_0.gguf"
+    conv = subprocess.run([str(mererun_bin), "convert", "-m", str(model_path), "--type", "q8_0",
+                           "-o", str(q8)], capture_output=True, text=True, timeout=600)
+    assert conv.returncode == 0, conv.stderr
+    run = subprocess.run([str(mererun_bin), "run", "-m", str(q8), "-p", "Hi", "-n", "1", "-t", "2"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "MERERUN_LOG": "info"})
+    assert run.returncode == 0, run.stderr
+    # 30 layers x 7 matrices + the tied embedding, all Q8_0 after the rewrite.
+    assert "211 matrices native" in run.stderr, run.stderr[-2000:]
+    r, _, summary = _run_parity(q8, mererun_bin, tmp_path / "parity")
+    assert r["top1_agreement"] >= 0.92, summary
+    assert r["mean_kl"] <= 0.02, summary

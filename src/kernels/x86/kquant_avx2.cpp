@@ -3,12 +3,11 @@
 // (rows 8h..8h+7), with the 8 outputs in the 8 lanes of one register. Both halves run per
 // super-block, so the block is read from memory once. Compiled with -mavx2 -mfma -mf16c.
 //
-// Q4_K: vpmaddubsw (u8 nibbles x s8 activations; a pair of products <= 2 * 15 * 127) summed in
-// int16 over a 32-input sub-block (8 of them: <= 30480, no overflow), then vpmaddwd by the
-// (sc, sc) pair gives sc * sum in int32: the 6-bit scale costs no FP op. The minimum term
-// dmin * m * sum(x) uses the activation sums (QActs::sums32).
-// Q6_K: 6-bit quants as u8 in [0, 63]; vpmaddubsw, then vpmaddwd by the int8 sub-block scale
-// pair; the -32 offset is 32 * sc * sum(x) per sub-block (QActs::sums16), also with vpmaddwd.
+// Q4_K (and Q5_K, with a fifth bit): vpmaddubsw (u8 nibbles x s8 activations; a pair of products <= 2 * 15 * 127)
+// summed in int16 over a 32-input sub-block (8 of them: <= 30480, no overflow), then vpmaddwd by the (sc, sc) pair
+// gives sc * sum in int32: the 6-bit scale costs no FP op. The minimum term dmin * m * sum(x) uses the activation sums
+// (QActs::sums32). Q6_K: 6-bit quants as u8 in [0, 63]; vpmaddubsw, then vpmaddwd by the int8 sub-block scale pair; the
+// -32 offset is 32 * sc * sum(x) per sub-block (QActs::sums16), also with vpmaddwd.
 #include "kernels/x86/kernels_x86.h"
 #include "kernels/x86/kquant_tile_impl.h"
 
@@ -34,9 +33,13 @@ struct Q4KHalf {
   __m256 dmm[8];   // dmin * min per sub-block
 };
 
-// Scales of rows 8h..8h+7 of a Q4_K tile block (ggml get_scale_min_k4 on 8 rows at a time).
-struct Q4K {
-  static constexpr KFormat kFormat = KFormat::kQ4K;
+// Q4_K, and Q5_K (kFifth) whose quants add a fifth bit from qh (bits 2k and 2k + 1 of qh byte
+// l for inputs l and 32 + l of 64-input group k; chunk c of the tile's qh holds qh[4c..+3]).
+// Scales of rows 8h..8h+7 of a tile block (ggml get_scale_min_k4 on 8 rows at a time).
+template <bool kFifth>
+struct K4 {
+  static constexpr KFormat kFormat = kFifth ? KFormat::kQ5K : KFormat::kQ4K;
+  static constexpr int kQuantsAt = kFifth ? 768 : 256;  // d, dmin, scales (and qh), before the quants
   using Scales = Q4KHalf;
 
   [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, Q4KHalf* m) {
@@ -65,27 +68,48 @@ struct Q4K {
   template <int R>
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q4KHalf& m, const ActRows& a, int64_t s,
                                           __m256* acc) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
     for (int k = 0; k < 4; ++k) {
-      const uint8_t* q = blk + 256 + 512 * k + 32 * h;
+      const uint8_t* q = blk + kQuantsAt + 512 * k + 32 * h;
       const int64_t i0 = s * kKSuper + 64 * k;
-      __m256i slo[R], shi[R];  // int16 sums per sub-block
-      for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
+      // int16 sums per sub-block: Q4_K's 8 chunks stay below 2^15 (8 * 2 * 15 * 127), Q5_K's
+      // (<= 2 * 31 * 127 each) go to int32 after 4 chunks.
+      __m256i slo[R], shi[R], plo[R], phi[R];
+      for (int r = 0; r < R; ++r) slo[r] = shi[r] = plo[r] = phi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
-        const __m256i lo = _mm256_and_si256(v, m0f);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        __m256i lo = _mm256_and_si256(v, m0f);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        if constexpr (kFifth) {  // bits 2k, 2k + 1 of each qh byte to bit 4 (16-bit shifts, byte masks)
+          const __m256i qh = _mm256_srli_epi16(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256 + 64 * c + 32 * h)), 2 * k);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
           slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
           shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 32 + 4 * c) + 4 * r)));
         }
+        if constexpr (kFifth) {
+          if (c == 3) {
+            for (int r = 0; r < R; ++r) {
+              plo[r] = _mm256_madd_epi16(slo[r], m.scp[2 * k]);
+              phi[r] = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
+              slo[r] = shi[r] = _mm256_setzero_si256();
+            }
+          }
+        }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const float* xs = a.Xs(r);
-        const __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
+        __m256i ilo = _mm256_madd_epi16(slo[r], m.scp[2 * k]), ihi = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
+        if constexpr (kFifth) {
+          ilo = _mm256_add_epi32(ilo, plo[r]);
+          ihi = _mm256_add_epi32(ihi, phi[r]);
+        }
         if constexpr (kActGroup == 64) {
           const __m256 ds = _mm256_mul_ps(m.d, _mm256_set1_ps(xs[i0 / kActGroup]));
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ilo, ihi)), ds, acc[r]);
@@ -240,6 +264,29 @@ struct Q50 {
   }
 };
 
+// Rows 0..R-1's int32 dot products of one half of a 32-input block's nibbles (4 chunks of 64
+// bytes from q, this half's 32 bytes of each: low nibbles inputs 4c..+3, high 16 + 4c..+3) with
+// their activations: vpmaddubsw summed in int16 over the block (<= 8 * 2 * 15 * 127, no overflow),
+// then vpmaddwd by ones. Q4_1 and Q4_0.
+template <int R>
+[[gnu::always_inline]] inline void NibbleDots(const uint8_t* q, const ActRows& a, int64_t i0, __m256i* dot) {
+  const __m256i m0f = _mm256_set1_epi8(0x0F);
+  __m256i sum16[R];
+  for (int r = 0; r < R; ++r) sum16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
+    const __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
+      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) dot[r] = _mm256_madd_epi16(sum16[r], ones);
+}
+
 struct Q41Half {
   __m256 d;
   __m256 m;
@@ -254,37 +301,94 @@ struct Q41 {
     m->m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
   }
 
-  // vpmaddubsw of the nibbles, low and high together in int16 over the block (<= 8 * 2 * 15 *
-  // 127), vpmaddwd by ones; the block minimum adds m * sums32.
+  // The nibbles' dot products (NibbleDots); the block minimum adds m * sums32.
   template <int R>
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const Q41Half& m, const ActRows& a, int64_t s,
                                           __m256* acc) {
     const int64_t i0 = s * mr::kKBlock32;
-    const __m256i m0f = _mm256_set1_epi8(0x0F);
-    __m256i sum16[R];
-    for (int r = 0; r < R; ++r) sum16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * c + 32 * h));
-      const __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
-        sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
-      }
-    }
-    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i dot[R];
+    NibbleDots<R>(blk + 64 + 32 * h, a, i0, dot);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 f =
-          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r], ones)), _mm256_set1_ps(a.Xs(r)[i0 / kActGroup]));
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(a.Xs(r)[i0 / kActGroup]));
       acc[r] = _mm256_fmadd_ps(f, m.d, acc[r]);
       acc[r] = _mm256_fmadd_ps(m.m, _mm256_set1_ps(a.S32(r)[i0 / 32]), acc[r]);
     }
   }
 };
 
-// The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators (two
+// Q8_0 and Q4_0: one f16 d per (row, block) and an exact int32 dot product per block.
+// Q8_0's quants are signed, so vpmaddubsw takes |w| (u8, once per chunk) against sign(x, w)
+// (per row): a pair of products <= 2 * 128 * 127 fits int16, and vpmaddwd by ones widens each
+// chunk to int32. Q4_0's nibbles go as Q4_1's; ggml's -8 offset is 8 * sum(x) in the integer sum
+// (QActs::sums16 of the block's two halves).
+
+struct D16Half {
+  __m256 d;
+};
+
+// acc += d * xs * (sum - kOffset * sum(x)) for row r's block at input i0.
+template <int kOffset>
+[[gnu::always_inline]] inline __m256 ScaleBlock(__m256i sum, const ActRows& a, int r, int64_t i0, __m256 d,
+                                                __m256 acc) {
+  if constexpr (kOffset != 0) {
+    const int16_t* s16 = a.S16(r) + i0 / 16;
+    sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(kOffset * (int32_t{s16[0]} + int32_t{s16[1]})));
+  }
+  const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(a.Xs(r)[i0 / kActGroup]));
+  return _mm256_fmadd_ps(f, d, acc);
+}
+
+// Q8_0 and Q4_0's block head: the f16 d of rows 8h..8h+7.
+struct D16Block {
+  using Scales = D16Half;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, D16Half* m) {
+    m->d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+  }
+};
+
+struct Q80 : D16Block {
+  static constexpr KFormat kFormat = KFormat::kQ8_0;
+
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const D16Half& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 64 * c + 32 * h));
+      const __m256i aw = _mm256_abs_epi8(v);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Bcast4(a.I(i0 + 4 * c) + 4 * r), v));
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = ScaleBlock<0>(isum[r], a, r, i0, m.d, acc[r]);
+  }
+};
+
+struct Q40 : D16Block {
+  static constexpr KFormat kFormat = KFormat::kQ4_0;
+
+  // The nibbles as Q4_1's; the -8 offset in the integer sum.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const D16Half& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
+    const int64_t i0 = s * mr::kKBlock32;
+    __m256i dot[R];
+    NibbleDots<R>(blk + 32 + 32 * h, a, i0, dot);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = ScaleBlock<8>(dot[r], a, r, i0, m.d, acc[r]);
+  }
+};
+
+// The tile kernel of format F (Q4K, Q6K, ...): up to kKRows rows with their accumulators (two
 // halves of 8 outputs each) kept over the whole tile, in registers where the 16 ymm allow; per
 // super-block and half tile F's scales are decoded once, then the rows run in passes of up to
 // kPass against the block while it is in L1.
@@ -331,9 +435,12 @@ struct KTile {
 
 namespace mr::x86 {
 
-MR_DEFINE_K_KERNELS(Q4K, Avx2, KTile<Q4K>)
+MR_DEFINE_K_KERNELS(Q4K, Avx2, KTile<K4<false>>)
+MR_DEFINE_K_KERNELS(Q5K, Avx2, KTile<K4<true>>)
 MR_DEFINE_K_KERNELS(Q6K, Avx2, KTile<Q6K>)
 MR_DEFINE_K_KERNELS(Q50, Avx2, KTile<Q50>)
 MR_DEFINE_K_KERNELS(Q41, Avx2, KTile<Q41>)
+MR_DEFINE_K_KERNELS(Q80, Avx2, KTile<Q80>)
+MR_DEFINE_K_KERNELS(Q40, Avx2, KTile<Q40>)
 
 }  // namespace mr::x86

@@ -38,16 +38,21 @@ struct Q4KScales {
   __m512 dmm[8];
 };
 
-struct Q4K {
-  static constexpr KFormat kFormat = KFormat::kQ4K;
-  static constexpr int kHeadBytes = 256;  // d, dmin and scales, before the quants
-  static constexpr int kPassRows = 4;     // rows per pass over a super-block (registers)
+// Q4_K, and Q5_K (kFifth) whose quants add a fifth bit from qh: per 64-input group k, bit 2k of
+// qh byte l for input l, bit 2k + 1 for input 32 + l (chunk c of the tile's qh holds qh[4c..+3]
+// of the 16 rows, the same bytes for every k). Q5_K's quants (<= 31) are exact in int32 as well.
+template <bool kFifth>
+struct K4 {
+  static constexpr KFormat kFormat = kFifth ? KFormat::kQ5K : KFormat::kQ4K;
+  static constexpr int kHeadBytes = kFifth ? 768 : 256;  // d, dmin, scales (and qh), before the quants
+  static constexpr int kPassRows = 4;                    // rows per pass over a super-block (registers)
   using Scales = Q4KScales;
 
   [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q4KScales* m) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    // Odd sub-blocks are the high nibbles, which the kernel multiplies in place (16 q): 1/16 here.
-    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16));
+    // Odd sub-blocks are the high nibbles, which the Q4_K kernel multiplies in place (16 q): 1/16
+    // here. Q5_K shifts them down to add the fifth bit.
+    const __m512 d16 = kFifth ? d : _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     __m128i p[12];  // plane j: packed scale byte j of the 16 rows
     for (int j = 0; j < 12; ++j) p[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j));
@@ -78,9 +83,10 @@ struct Q4K {
                                           __m512* acc, __m512* mins) {
     constexpr int kSets = R < 4 ? 2 : 1;
     const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+    const __m512i m10 = _mm512_set1_epi8(0x10);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {  // activation group of 64: sub-blocks 2k (low nibbles), 2k+1 (high)
-      const uint8_t* q = blk + 256 + 512 * k;
+      const uint8_t* q = blk + kHeadBytes + 512 * k;
       const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
       __m512i ilo[kSets][R], ihi[kSets][R];
       for (int u = 0; u < kSets; ++u) {
@@ -90,10 +96,18 @@ struct Q4K {
       for (int c = 0; c < 8; ++c) {
         PrefetchLine(q + 64 * c);
         const __m512i v = _mm512_loadu_si512(q + 64 * c);
-        const __m512i lo = _mm512_and_si512(v, m0f);
-        // High nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32 without
-        // saturation, and the 1/16 is folded into the scale, so no shift is needed.
-        const __m512i hi = _mm512_and_si512(v, mf0);
+        __m512i lo = _mm512_and_si512(v, m0f);
+        // Q4_K: high nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32
+        // without saturation, and the 1/16 is folded into the scale, so no shift is needed.
+        __m512i hi = _mm512_and_si512(v, mf0);
+        if constexpr (kFifth) {
+          // Bits 2k and 2k + 1 of each qh byte to bit 4 (16-bit shifts: the masked bit never
+          // crosses a byte).
+          const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(blk + 256 + 64 * c), 2 * k);
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), m10));
+          hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
+                               _mm512_and_si512(_mm512_slli_epi16(h, 3), m10));
+        }
         const int u = c % kSets;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
@@ -289,6 +303,27 @@ struct Q50 {
   }
 };
 
+// Rows 0..R-1's int32 dot products of a 32-input block's nibbles (4 chunks of 64 bytes from q:
+// low nibbles inputs 4c..+3, high 16 + 4c..+3, u8 for vpdpbusd) with their activations. Q4_1 and
+// Q4_0.
+template <int R>
+[[gnu::always_inline]] inline void NibbleDots(const uint8_t* q, const ActRows& a, int64_t i0, __m512i* dot) {
+  const __m512i m0f = _mm512_set1_epi8(0x0F);
+  __m512i ilo[R], ihi[R];
+  for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(q + 64 * c);
+    const __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
+      ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
+    }
+  }
+  for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(ilo[r], ihi[r]);
+}
+
 struct Q41Scales {
   __m512 d;
   __m512 m;
@@ -311,30 +346,96 @@ struct Q41 {
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q41Scales& m, const ActRows& a, int64_t s,
                                           __m512* acc, __m512* mins) {
     const int64_t i0 = s * mr::kKBlock32;
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
-    __m512i ilo[R], ihi[R];
-    for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(blk + 64 + 64 * c);
-      const __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
-        ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
-      }
-    }
+    __m512i dot[R];
+    NibbleDots<R>(blk + 64, a, i0, dot);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 f =
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ilo[r], ihi[r])), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
       acc[r] = _mm512_fmadd_ps(f, m.d, acc[r]);
       mins[r] = _mm512_fnmadd_ps(m.m, _mm512_set1_ps(a.S32(r)[i0 / 32]), mins[r]);
     }
   }
 };
 
-// The tile kernel of format F (Q4K, Q6K): up to kKRows rows with their accumulators in
+// ---------------------------------------------------------------------------------------------
+// Q8_0 and Q4_0: 32-input blocks, one f16 d per (row, block), a signed quant (ggml's -8 offset
+// for Q4_0). vpdpbusd takes u8 weights, so the quants become unsigned (Q8_0: w ^ 0x80 = w + 128,
+// once per chunk for every row; Q4_0: the nibbles as stored) and the offset comes back in the
+// integer sum per (row, block): sum((w + k) x) - k * sum(x) with sum(x) the int16 activation sums
+// of the block's two halves (QActs::sums16). Exact in int32: |sum| <= 32 * 255 * 127.
+
+struct D16Scales {
+  __m512 d;
+};
+
+// The exact integer dot product of row r's block at input i0, acc += d * xs * (sum - off * sum(x)).
+template <int kOffset>
+[[gnu::always_inline]] inline __m512 ScaleBlock(__m512i sum, const ActRows& a, int r, int64_t i0, __m512 d,
+                                                __m512 acc) {
+  const int16_t* s16 = a.S16(r) + i0 / 16;
+  const __m512i dot = _mm512_sub_epi32(sum, _mm512_set1_epi32(kOffset * (int32_t{s16[0]} + int32_t{s16[1]})));
+  const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
+  return _mm512_fmadd_ps(f, d, acc);
+}
+
+// Q8_0 and Q4_0's block head: the f16 d of the 16 rows.
+struct D16Block {
+  static constexpr int kHeadBytes = 32;  // d, before the quants
+  static constexpr int kPassRows = 4;
+  using Scales = D16Scales;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, D16Scales* m) {
+    m->d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+  }
+};
+
+struct Q80 : D16Block {
+  static constexpr KFormat kFormat = KFormat::kQ8_0;
+
+  // 8 chunks of 4 inputs; with fewer than 4 rows two sets of accumulators alternate (exact), so
+  // decode's dependency chains stay short.
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const D16Scales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512*) {
+    constexpr int kSets = R < 4 ? 2 : 1;
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i isum[kSets][R];
+    for (int u = 0; u < kSets; ++u) {
+      for (int r = 0; r < R; ++r) isum[u][r] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      PrefetchLine(blk + 32 + 64 * c);
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * c), bias);
+      const int u = c % kSets;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[u][r] = DpbusdBcast(isum[u][r], w, a.I(i0 + 4 * c) + 4 * r);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = isum[0][r];
+      if constexpr (kSets == 2) sum = _mm512_add_epi32(sum, isum[1][r]);
+      acc[r] = ScaleBlock<128>(sum, a, r, i0, m.d, acc[r]);
+    }
+  }
+};
+
+struct Q40 : D16Block {
+  static constexpr KFormat kFormat = KFormat::kQ4_0;
+
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const D16Scales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512*) {
+    const int64_t i0 = s * mr::kKBlock32;
+    __m512i dot[R];
+    NibbleDots<R>(blk + 32, a, i0, dot);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = ScaleBlock<8>(dot[r], a, r, i0, m.d, acc[r]);
+  }
+};
+
+// The tile kernel of format F (Q4K, Q6K, ...): up to kKRows rows with their accumulators in
 // registers over the whole tile; per super-block F's scales are decoded once and the rows run in
 // passes of up to F::kPassRows against the block while it is in L1.
 template <class F>
@@ -373,9 +474,12 @@ struct KTile {
 
 namespace mr::x86 {
 
-MR_DEFINE_K_KERNELS(Q4K, Avx512, KTile<Q4K>)
+MR_DEFINE_K_KERNELS(Q4K, Avx512, KTile<K4<false>>)
+MR_DEFINE_K_KERNELS(Q5K, Avx512, KTile<K4<true>>)
 MR_DEFINE_K_KERNELS(Q6K, Avx512, KTile<Q6K>)
 MR_DEFINE_K_KERNELS(Q50, Avx512, KTile<Q50>)
 MR_DEFINE_K_KERNELS(Q41, Avx512, KTile<Q41>)
+MR_DEFINE_K_KERNELS(Q80, Avx512, KTile<Q80>)
+MR_DEFINE_K_KERNELS(Q40, Avx512, KTile<Q40>)
 
 }  // namespace mr::x86
