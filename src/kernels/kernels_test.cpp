@@ -199,6 +199,7 @@ struct AttnCase {
   int64_t hd, n_q, n_rows, n_pos;
   std::vector<uint16_t> K, V;
   std::vector<float> q;
+  float softcap = 0.0f;  // gemma2's attention logit soft-capping (0: none)
   static constexpr int64_t kKvHeads = 2, kHead = 1;
   AttnCase(int64_t hd_, int64_t n_q_, int64_t n_rows_, int64_t n_pos_, uint32_t seed)
       : hd(hd_), n_q(n_q_), n_rows(n_rows_), n_pos(n_pos_) {
@@ -228,7 +229,8 @@ struct AttnCase {
                       hi + r0,
                       1.0f / std::sqrt(static_cast<float>(hd)),
                       out + r0 * q_stride(),
-                      q_stride()};
+                      q_stride(),
+                      softcap};
     k.attention(a, scratch.data());
   }
   // Exact softmax attention in double of row r, head h, output element i.
@@ -240,7 +242,7 @@ struct AttnCase {
       double dot = 0;
       for (int64_t x = 0; x < hd; ++x)
         dot += q[r * q_stride() + h * hd + x] * Bf16ToF32(K[j * stride() + kHead * hd + x]);
-      s[j - lo] = dot * scale;
+      s[j - lo] = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
       mx = std::max(mx, s[j - lo]);
     }
     for (auto& x : s) sum += (x = std::exp(x - mx));
@@ -268,6 +270,37 @@ TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
         for (int64_t i = n_q * hd; i < c.q_stride(); ++i) ASSERT_EQ(out[i], -7.0f) << "padding written";
       }
     }
+  }
+}
+
+// Soft-capped scores (gemma2): cap * tanh(s / cap) before the softmax, on every path and head
+// size, rows alone and in a chunk; a cap of 0.5 changes every output, so ignoring it fails.
+TEST_P(VariantTest, AttentionSoftcapMatchesExact) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (int64_t hd : {12, 40, 64, 256}) {
+    const int64_t n_rows = 6, p0 = 30, n_q = 2;
+    AttnCase c(hd, n_q, n_rows, p0 + n_rows, 31);
+    std::vector<int64_t> lo(n_rows, 0), hi(n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) hi[r] = p0 + r + 1;
+    std::vector<float> plain(static_cast<size_t>(n_rows * c.q_stride()));
+    c.Run(k, 0, n_rows, lo.data(), hi.data(), plain.data());
+    c.softcap = 0.5f;
+    std::vector<float> capped(plain.size()), alone(plain.size());
+    c.Run(k, 0, n_rows, lo.data(), hi.data(), capped.data());
+    for (int64_t r = 0; r < n_rows; ++r) c.Run(k, r, 1, lo.data(), hi.data(), alone.data());
+    double moved = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      for (int64_t h = 0; h < n_q; ++h) {
+        for (int64_t i = 0; i < hd; ++i) {
+          const size_t at = static_cast<size_t>(r * c.q_stride() + h * hd + i);
+          const double e = c.Exact(r, h, i, lo[r], hi[r]);
+          ASSERT_NEAR(capped[at], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " row " << r;
+          ASSERT_EQ(capped[at], alone[at]) << "hd " << hd << " row " << r;
+          moved = std::max(moved, static_cast<double>(std::fabs(capped[at] - plain[at])));
+        }
+      }
+    }
+    EXPECT_GT(moved, 1e-2) << "hd " << hd << ": the cap must change the result";
   }
 }
 

@@ -50,6 +50,9 @@ struct AttnChunk {
   float scale;
   float* out;
   int64_t out_stride;
+  // Gemma 2's attention logit soft-capping: each scaled score s becomes softcap * tanh(s /
+  // softcap) before the softmax; 0: none.
+  float softcap = 0.0f;
 };
 
 struct KernelTable {

@@ -183,7 +183,7 @@ ChatFamily DetectChatFamily(const gguf::GgufFile& f) {
   if (tmpl.find("<|im_start|>") != std::string::npos) return ChatFamily::kChatML;
   if (tmpl.find("<start_of_turn>") != std::string::npos) return ChatFamily::kGemma;
   const std::string arch = f.GetString("general.architecture").value_or("");
-  if (arch == "gemma3") return ChatFamily::kGemma;
+  if (arch == "gemma2" || arch == "gemma3") return ChatFamily::kGemma;
   if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return ChatFamily::kChatML;
   return ChatFamily::kNone;
 }

@@ -3,6 +3,7 @@
 // (ModelConfig: biases, QK-norm, post-norms, activation, embedding scale, sliding windows) read by
 // the arch_*.cpp files; nothing here depends on the path.
 #include <algorithm>
+#include <cmath>
 
 #include "base/half.h"
 #include "kernels/ref/ops_ref.h"
@@ -233,6 +234,10 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
     }
   }
   ops.Matmul(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, logits);
+  if (c.final_softcap > 0) {  // gemma2
+    const float cap = c.final_softcap;
+    for (int64_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
   for (const BatchSeq& s : seqs) s.kv->n_past += s.n;
   return Status::Ok();
 }

@@ -121,7 +121,8 @@ class FastOps final : public ForwardOps {
                           hi_.data() + t0,
                           c_.attn_scale,
                           out + t0 * q_dim + kh * group * hd,
-                          q_dim};
+                          q_dim,
+                          c_.attn_softcap};
         k_.attention(a, sc);
       }
     });

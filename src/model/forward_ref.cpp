@@ -2,6 +2,7 @@
 // row by row from their stored type (exact to the block definitions), exact softmax attention,
 // ref::Rope per head. No quantization is involved, so it is the oracle of the fast path.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -60,7 +61,8 @@ class RefOps final : public ForwardOps {
           const uint16_t* kr = K + j * kv.kv_dim + kh * hd;
           float s = 0;
           for (int64_t i = 0; i < hd; ++i) s += qv[i] * Bf16ToF32(kr[i]);
-          scores[j - lo] = s * c_.attn_scale;
+          s *= c_.attn_scale;
+          scores[j - lo] = c_.attn_softcap > 0 ? c_.attn_softcap * std::tanh(s / c_.attn_softcap) : s;
         }
         ref::Softmax(scores, p - lo + 1);
         std::fill(acc, acc + hd, 0.0f);

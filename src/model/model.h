@@ -33,7 +33,7 @@ struct TensorInfo;
 }  // namespace gguf
 class ForwardOps;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3 };
 enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
@@ -57,10 +57,14 @@ struct ModelConfig {
   int64_t sliding_window = 0;      // 0: none
   std::vector<bool> layer_is_swa;  // per layer
   float attn_scale = 0.0f;         // multiplies q·k
-  float embed_scale = 1.0f;        // gemma3: sqrt(d_model)
-  bool qkv_bias = false;           // qwen2
-  bool qk_norm = false;            // gemma3, qwen3: RMSNorm over each q/k head
-  bool post_norms = false;         // gemma3: norms after attention and FFN outputs
+  float embed_scale = 1.0f;        // gemma2, gemma3: sqrt(d_model)
+  // gemma2's logit soft-capping (c * tanh(x / c)) of the scaled attention scores and of the
+  // output logits; 0: none.
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  bool qkv_bias = false;    // qwen2
+  bool qk_norm = false;     // gemma3, qwen3: RMSNorm over each q/k head
+  bool post_norms = false;  // gemma3: norms after attention and FFN outputs
   Activation act = Activation::kSilu;
   bool tied_embeddings = false;
   // Mixture of experts (qwen3moe): n_expert > 0 replaces each block's FFN by n_expert expert FFNs
@@ -198,6 +202,7 @@ Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3MoeConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadPhi3Config(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadGemma2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 // Common keys shared by all architectures ({arch}.block_count, ...).
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);

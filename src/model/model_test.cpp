@@ -42,7 +42,7 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
 }
 
 struct TinySpec {
-  std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | phi3 (fused) | gemma3
+  std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | phi3 (fused) | gemma2 | gemma3
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
   // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
@@ -273,7 +273,7 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
       vec(p + "attn_q_norm.weight", s.head_dim, 1.0f);
       vec(p + "attn_k_norm.weight", s.head_dim, 1.0f);
     }
-    if (a == "gemma3") {
+    if (a == "gemma3" || a == "gemma2") {
       vec(p + "post_attention_norm.weight", d, 1.0f);
       vec(p + "post_ffw_norm.weight", d, 1.0f);
     }
@@ -306,7 +306,7 @@ class TinyArchTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(TinyArchTest, IncrementalDecodeEqualsBatchedForward) {
   TinySpec s;
   s.arch = GetParam();
-  if (s.arch == "gemma3") s.sliding_window = 5;
+  if (s.arch == "gemma3" || s.arch == "gemma2") s.sliding_window = 5;
   const std::string path = WriteTinyModel(s, 7);
   for (bool ref : {false, true}) {
     auto m = LoadTiny(path, ref);
@@ -406,7 +406,7 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
 // for the K-quants' 256-input blocks; else widths that are not multiples of 256 (as
 // Qwen2.5-0.5B's 896) for the 32-input blocks.
 bool NativeFormatArch(const std::string& arch) {
-  return arch != "gemma3" && arch != "qwen3moe";
+  return arch != "gemma3" && arch != "gemma2" && arch != "qwen3moe";
 }
 TinySpec NativeSpec(const std::string& arch, bool k256) {
   TinySpec s;
@@ -495,7 +495,7 @@ TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest,
-                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"));
 
 // Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
 // logits (they are applied), both paths apply them alike (the fast path tracks the reference),
@@ -655,6 +655,12 @@ std::vector<MalformedCase> MalformedCases() {
   c.push_back({"RmsEpsilonZero", "gemma3",
                Meta([](W& w, A a) { w.SetF32(a + ".attention.layer_norm_rms_epsilon", 0.0f); }),
                "'gemma3.attention.layer_norm_rms_epsilon'"});
+  c.push_back({"AttnSoftcapNanGemma2", "gemma2",
+               Meta([nan](W& w, A a) { w.SetF32(a + ".attn_logit_softcapping", nan); }),
+               "'gemma2.attn_logit_softcapping'"});
+  c.push_back({"FinalSoftcapNegativeGemma2", "gemma2",
+               Meta([](W& w, A a) { w.SetF32(a + ".final_logit_softcapping", -30.0f); }),
+               "'gemma2.final_logit_softcapping'"});
   c.push_back({"SlidingWindowNegative", "gemma3",
                Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
                "'gemma3.attention.sliding_window'"});
@@ -793,6 +799,66 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   std::filesystem::remove(path);
 }
 
+// gemma2's soft-capping, against the same weights without it (caps of 1e5 change nothing a
+// float shows): the output logits are exactly cap * tanh(uncapped / cap), and a small attention
+// cap changes every position after the first (the first attends to itself only: its softmax is
+// 1 whatever the score), on both paths, the fast path tracking the reference.
+TEST(Gemma2SoftCapping, CapsTheLogitsAndTheAttentionScores) {
+  auto write = [](float attn_cap, float final_cap) {
+    TinySpec s;
+    s.arch = "gemma2";
+    s.sliding_window = 4;
+    s.edit_meta = [=](gguf::GgufWriter& w) {
+      w.SetF32("gemma2.attn_logit_softcapping", attn_cap);
+      w.SetF32("gemma2.final_logit_softcapping", final_cap);
+    };
+    // Same seed, so the same weights; WriteTinyModel names files by arch and seed, so each one
+    // moves to a name of its own.
+    const std::string path = WriteTinyModel(s, 13),
+                      own = path + "." + std::to_string(attn_cap) + "_" + std::to_string(final_cap);
+    std::filesystem::rename(path, own);
+    return own;
+  };
+  const std::string none = write(1e5f, 1e5f), final_only = write(1e5f, 0.5f), attn_only = write(0.05f, 1e5f);
+  const std::vector<TokenId> toks = {3, 1, 4, 1, 5, 9, 2, 6};
+  const int64_t n = static_cast<int64_t>(toks.size()), V = TinySpec{}.vocab;
+  auto run = [&](const std::string& path, bool ref) {
+    auto m = LoadTiny(path, ref);
+    EXPECT_TRUE(m);
+    KvCache kv = m->NewKvCache(n);
+    std::vector<float> out(n * V);
+    EXPECT_TRUE(m->Forward(kv, toks.data(), n, true, out.data()).ok());
+    return out;
+  };
+  for (bool ref : {true, false}) {
+    SCOPED_TRACE(ref ? "reference path" : "fast path");
+    const std::vector<float> base = run(none, ref), capped = run(final_only, ref), attn = run(attn_only, ref);
+    double max_base = 0;
+    for (size_t i = 0; i < base.size(); ++i) {
+      max_base = std::max(max_base, static_cast<double>(std::fabs(base[i])));
+      ASSERT_NEAR(capped[i], 0.5 * std::tanh(base[i] / 0.5), 1e-5) << i;
+    }
+    EXPECT_GT(max_base, 0.5) << "the cap must bind somewhere for the check to mean anything";
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> a(attn.begin() + t * V, attn.begin() + (t + 1) * V),
+          b(base.begin() + t * V, base.begin() + (t + 1) * V);
+      if (t == 0) {
+        EXPECT_EQ(MaxAbsDiff(a, b), 0.0);
+      } else {
+        EXPECT_GT(MaxAbsDiff(a, b), 1e-4) << "position " << t;
+      }
+    }
+  }
+  const std::vector<float> fast = run(attn_only, false), ref = run(attn_only, true);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < fast.size(); ++i) {
+    err += (fast[i] - ref[i]) * (fast[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.035);
+  for (const std::string& p : {none, final_only, attn_only}) std::filesystem::remove(p);
+}
+
 // A copy of a cache's filled rows (k and v of every layer), to compare contents.
 std::vector<uint16_t> KvRows(const KvCache& kv) {
   std::vector<uint16_t> out;
@@ -812,7 +878,7 @@ std::vector<uint16_t> KvRows(const KvCache& kv) {
 TEST_P(TinyArchTest, ForwardBatchEqualsForwardPerSequence) {
   TinySpec s;
   s.arch = GetParam();
-  if (s.arch == "gemma3") s.sliding_window = 4;
+  if (s.arch == "gemma3" || s.arch == "gemma2") s.sliding_window = 4;
   const std::string path = WriteTinyModel(s, 31);
   for (bool ref : {false, true}) {
     SCOPED_TRACE(ref ? "reference path" : "fast path");
@@ -971,7 +1037,7 @@ TEST_P(TinyArchTest, KvCacheIsLazyAndReleaseKeepsItUsable) {
 TEST_P(TinyArchTest, SteadyDecodeDoesNotAllocate) {
   TinySpec s;
   s.arch = GetParam();
-  if (s.arch == "gemma3") s.sliding_window = 4;
+  if (s.arch == "gemma3" || s.arch == "gemma2") s.sliding_window = 4;
   const std::string path = WriteTinyModel(s, 21);
   auto m = LoadTiny(path, false);
   ASSERT_TRUE(m);

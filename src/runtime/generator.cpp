@@ -25,6 +25,7 @@ SamplingParams ModelDefaultSampling(const Model& model) {
       s = {0.6f, 20, 0.95f, 0.0f};
       break;
     case Arch::kPhi3:  // no family defaults: the file's, else the sampler's
+    case Arch::kGemma2:
       break;
     case Arch::kLlama: {
       // general.name varies in case ("Smollm2 135M 8k ..." in the catalog's file).

@@ -54,6 +54,19 @@ QWEN3MOE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--d", "1024", "--heads"
 PHI3_ARGS = ["--arch", "phi3", "--layers", "2", "--d", "3072", "--heads", "32", "--kv-heads", "32",
              "--head-dim", "96", "--ff", "8192", "--rope-base", "10000", "--type", "f16", "--seed", "6"]
 
+# Gemma-2-2B's widths (d 2304, 8 heads / 4 KV of 256, ff 9216; GeGLU, pre- and post-norms, NeoX
+# RoPE, embeddings scaled by sqrt(d), tied output: llama.cpp's gemma2 has no output.weight), 2
+# layers: layer 0 slides (window 16 here, so the prompts reach past it), layer 1 is global.
+# A tied, sqrt(d)-scaled random embedding makes each position predict its own token (~sqrt(d)
+# spreads above the rest), so the post-norms (mean 8) let the layers dominate the residual and the
+# logits' spread is 2: the distribution keeps real mass off the top token. The soft-caps (2 on
+# the attention scores, 8 on the logits) bind at most positions, unlike the released 50 / 30 on
+# random weights.
+GEMMA2_ARGS = ["--arch", "gemma2", "--layers", "2", "--d", "2304", "--heads", "8", "--kv-heads", "4",
+               "--head-dim", "256", "--ff", "9216", "--rope-base", "10000", "--tied", "--logit-sd", "2",
+               "--post-norm-mean", "8", "--sliding-window", "16", "--attn-softcap", "2", "--final-softcap", "8",
+               "--type", "f16", "--seed", "7"]
+
 
 def _genmodel_bin() -> Path:
     b = Path(os.environ.get("MERERUN_BIN", REPO / "build" / "bin" / "mererun")).parent / "mererun_genmodel"
@@ -100,7 +113,8 @@ def _parity(model: Path, mererun_bin, work: Path, extra=()):
 @pytest.mark.parametrize("family,args,top1,fast_kl", [("qwen3", QWEN3_ARGS, 0.99, 0.02),
                                                        ("llama3", LLAMA3_ARGS, 0.99, 0.02),
                                                        ("qwen3moe", QWEN3MOE_ARGS, 0.98, 0.04),
-                                                       ("phi3", PHI3_ARGS, 0.99, 0.02)])
+                                                       ("phi3", PHI3_ARGS, 0.99, 0.02),
+                                                       ("gemma2", GEMMA2_ARGS, 0.99, 0.02)])
 def test_generated_family_matches_llamacpp(family, args, top1, fast_kl, model_path, mererun_bin, tmp_path):
     """The reference path (FP32 activations on the F16 weights) against llama.cpp on the same
     file: the issue's bars, top-1 >= 0.99 and mean KL <= 1e-3. A wrong QK-norm, RoPE layout or

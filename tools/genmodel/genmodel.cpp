@@ -2,16 +2,18 @@
 // shapes and a real tokenizer, for proving an architecture's forward pass against llama.cpp
 // (tests/e2e/test_model_families.py, docs/models.md) where the registries hold no weights.
 //
-//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3 --vocab-from FILE.gguf --out PATH
+//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3|gemma2 --vocab-from FILE.gguf --out PATH
 //                    [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F]
 //                    [--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear]
 //                    [--tied] [--experts E --experts-used K --expert-ff F]
+//                    [--logit-sd S] [--sliding-window W] [--attn-softcap C] [--final-softcap C]
+//                    [--post-norm-mean M]   (the last four: gemma2)
 //
 // The tokenizer (every tokenizer.* key, the chat template included) is copied from
 // --vocab-from as llama.cpp's converter writes it. Weights: matrices N(0, 1/cols) so each
 // projection keeps the activations' scale; the output matrix (or the tied embedding) N(0, 16/d)
 // so logits have a standard deviation near 4 (a peaked next-token distribution, whose argmax is
-// not a near-tie); norms 1 + N(0, 0.1); biases N(0, 0.1). --rope-freqs writes a rope_freqs.weight
+// not a near-tie; --logit-sd sets that 4); norms 1 + N(0, 0.1); biases N(0, 0.1). --rope-freqs writes a rope_freqs.weight
 // (Llama 3.x rope scaling): llama31 is Llama 3.1's profile (factor 1 for high frequencies, 8 for
 // low ones, smooth in between), which changes nothing measurable over a short prompt; linear
 // runs from 1 (pair 0) to 8 (the last pair), so every pair's factor shows within a few tokens.
@@ -37,13 +39,19 @@ struct Args {
   double rope_base = 1000000.0;
   std::string rope_freqs;  // "", "llama31" or "linear"
   bool tied = false;
+  int64_t logit_sd = 4;                            // the output matrix's sd times sqrt(d)
+  int64_t post_norm_mean = 1;                      // gemma2's post-norm weights: N(mean, 0.1)
+  int64_t sliding_window = 4096;                   // gemma2
+  int64_t attn_softcap = 50, final_softcap = 30;  // gemma2 (the released models' values)
 };
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
-               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3 --vocab-from FILE.gguf --out "
-               "PATH [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F] [--type f16|f32] "
-               "[--seed S] [--rope-base B] [--rope-freqs llama31|linear] [--tied]\n",
+               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3|gemma2 --vocab-from "
+               "FILE.gguf --out PATH [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F] "
+               "[--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear] [--tied] [--experts E "
+               "--experts-used K --expert-ff F] [--logit-sd S] [--sliding-window W] [--attn-softcap C] [--final-softcap C] "
+               "[--post-norm-mean M]\n",
                msg);
   std::exit(2);
 }
@@ -80,11 +88,17 @@ Args Parse(int argc, char** argv) {
     else if (k == "--experts") a.experts = num();
     else if (k == "--experts-used") a.experts_used = num();
     else if (k == "--expert-ff") a.expert_ff = num();
+    else if (k == "--sliding-window") a.sliding_window = num();
+    else if (k == "--logit-sd") a.logit_sd = num();
+    else if (k == "--post-norm-mean") a.post_norm_mean = num();
+    else if (k == "--attn-softcap") a.attn_softcap = num();
+    else if (k == "--final-softcap") a.final_softcap = num();
     else Usage(("unknown option " + k).c_str());
   }
   if (a.vocab_from.empty() || a.out.empty()) Usage("--vocab-from and --out are required");
-  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "phi3")
-    Usage("--arch must be qwen3, qwen3moe, qwen2, llama or phi3");
+  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "phi3" &&
+      a.arch != "gemma2")
+    Usage("--arch must be qwen3, qwen3moe, qwen2, llama, phi3 or gemma2");
   if (a.experts_used > a.experts) Usage("--experts-used must be at most --experts");
   if (a.type != "f16" && a.type != "f32") Usage("--type must be f16 or f32");
   if (a.heads % a.kv_heads != 0) Usage("--heads must be a multiple of --kv-heads");
@@ -126,7 +140,12 @@ int main(int argc, char** argv) {
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(a.head_dim));
   w.SetF32(p + "rope.freq_base", static_cast<float>(a.rope_base));
   w.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
-  const bool moe = a.arch == "qwen3moe", phi3 = a.arch == "phi3";
+  const bool moe = a.arch == "qwen3moe", phi3 = a.arch == "phi3", gemma2 = a.arch == "gemma2";
+  if (gemma2) {
+    w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(a.sliding_window));
+    w.SetF32(p + "attn_logit_softcapping", static_cast<float>(a.attn_softcap));
+    w.SetF32(p + "final_logit_softcapping", static_cast<float>(a.final_softcap));
+  }
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(a.experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(a.experts_used));
@@ -174,7 +193,7 @@ int main(int argc, char** argv) {
     add(name, {n}, normal(n, mean, sd), false);
   };
   const int64_t d = a.d, hd = a.head_dim, q_dim = a.heads * hd, kv_dim = a.kv_heads * hd;
-  const double out_sd = 4.0 / std::sqrt(static_cast<double>(d));
+  const double out_sd = static_cast<double>(a.logit_sd) / std::sqrt(static_cast<double>(d));
   mat("token_embd.weight", vocab, d, a.tied ? out_sd : 1.0);
   vec("output_norm.weight", d, 1.0, 0.1);
   if (!a.tied) mat("output.weight", vocab, d, out_sd);
@@ -218,6 +237,10 @@ int main(int argc, char** argv) {
     if (a.arch == "qwen3" || moe) {
       vec(b + "attn_q_norm.weight", hd, 1.0, 0.1);
       vec(b + "attn_k_norm.weight", hd, 1.0, 0.1);
+    }
+    if (gemma2) {  // the norms after attention and FFN (llama.cpp's names)
+      vec(b + "post_attention_norm.weight", d, static_cast<double>(a.post_norm_mean), 0.1);
+      vec(b + "post_ffw_norm.weight", d, static_cast<double>(a.post_norm_mean), 0.1);
     }
     vec(b + "ffn_norm.weight", d, 1.0, 0.1);
     if (moe) {  // router N(0, 36/d): logits of standard deviation ~6, so the top-k is rarely a near-tie

@@ -143,7 +143,8 @@ void AttentionGqa(const AttnChunk& a, float* scratch) {
         for (int64_t h = 0; h < n_q; ++h) {
           float dot = 0;
           for (int64_t i = 0; i < hd; ++i) dot += q[h * hd + i] * row[i];
-          s[h * kAttnBlock + j - b0] = dot * a.scale;
+          const float x = dot * a.scale;
+          s[h * kAttnBlock + j - b0] = a.softcap > 0 ? a.softcap * std::tanh(x / a.softcap) : x;
         }
       }
       for (int64_t h = 0; h < n_q; ++h) {

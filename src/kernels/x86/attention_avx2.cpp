@@ -110,13 +110,15 @@ struct Group {
 };
 
 template <int P>
-void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float (*prob)[kBlock], float* corr) {
+void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float softcap, float (*prob)[kBlock],
+                float* corr) {
   __m256 s[P];
   Scores<P>(g.q, kt, hd, s);
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) {
-    const __m256 sv =
-        _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(s[p], _mm256_set1_ps(scale)), g.valid[p]);
+    __m256 x = _mm256_mul_ps(s[p], _mm256_set1_ps(scale));
+    if (softcap > 0) x = SoftCap8(x, softcap);
+    const __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, g.valid[p]);
     const float bm = std::fmax(*g.m[p], HMax8(sv));
     corr[p] = std::exp(*g.m[p] - bm);  // exp(-inf) = 0 on the row's first block
     *g.m[p] = bm;
@@ -126,21 +128,21 @@ void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float 
   }
 }
 
-void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale) {
+void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale, float softcap) {
   alignas(32) float prob[4][kBlock];
   float corr[4];
   switch (g.n) {
     case 1:
-      ScoreGroup<1>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<1>(g, kt, hd, scale, softcap, prob, corr);
       break;
     case 2:
-      ScoreGroup<2>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<2>(g, kt, hd, scale, softcap, prob, corr);
       break;
     case 3:
-      ScoreGroup<3>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<3>(g, kt, hd, scale, softcap, prob, corr);
       break;
     default:
-      ScoreGroup<4>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<4>(g, kt, hd, scale, softcap, prob, corr);
   }
   for (int p = 0; p < g.n; ++p) AccumulatePair(prob[p], corr[p], vf, hd, g.out[p]);
   g.n = 0;
@@ -205,10 +207,10 @@ void AttentionGqaAvx2(const AttnChunk& a, float* scratch) {
         g.valid[g.n] = valid;
         g.m[g.n] = m + r * n_q + h;
         g.l[g.n] = l + r * n_q + h;
-        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale);
+        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, a.softcap);
       }
     }
-    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale);
+    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale, a.softcap);
   }
   for (int64_t r = 0; r < n_rows; ++r) {
     float* out = a.out + r * a.out_stride;

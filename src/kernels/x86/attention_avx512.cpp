@@ -33,6 +33,13 @@ inline __m512 Exp16(__m512 x) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
+// SoftCap8 (vec_math.h) on 16 lanes.
+inline __m512 SoftCap16(__m512 x, float cap) {
+  const __m256 lo = SoftCap8(_mm512_castps512_ps256(x), cap);
+  const __m256 hi = SoftCap8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)), cap);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
 // In-place transpose of a 16 x 16 matrix of 32-bit words (r[j] lane i -> r[i] lane j): 32-bit
 // and 64-bit interleaves inside 128-bit lanes, then a 4 x 4 transpose of the 128-bit lanes.
 [[gnu::always_inline]] inline void Transpose16x16(__m512i r[16]) {
@@ -154,13 +161,15 @@ struct Group {
 };
 
 template <int P>
-void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float (*prob)[kBlock], float* corr) {
+void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float softcap, float (*prob)[kBlock],
+                float* corr) {
   __m512 s[P];
   Scores<P>(g.q, kt, hd, s);
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) {
-    const __m512 sv =
-        _mm512_mask_blend_ps(g.valid[p], _mm512_set1_ps(-INFINITY), _mm512_mul_ps(s[p], _mm512_set1_ps(scale)));
+    __m512 x = _mm512_mul_ps(s[p], _mm512_set1_ps(scale));
+    if (softcap > 0) x = SoftCap16(x, softcap);
+    const __m512 sv = _mm512_mask_blend_ps(g.valid[p], _mm512_set1_ps(-INFINITY), x);
     const float bm = std::fmax(*g.m[p], _mm512_reduce_max_ps(sv));
     corr[p] = std::exp(*g.m[p] - bm);  // exp(-inf) = 0 on the row's first block
     *g.m[p] = bm;
@@ -171,21 +180,22 @@ void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float 
 }
 
 // Scores, softmax update and V accumulation of a group against the current block.
-void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale, AccumulateFn accumulate) {
+void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale, float softcap,
+              AccumulateFn accumulate) {
   alignas(64) float prob[4][kBlock];
   float corr[4];
   switch (g.n) {
     case 1:
-      ScoreGroup<1>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<1>(g, kt, hd, scale, softcap, prob, corr);
       break;
     case 2:
-      ScoreGroup<2>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<2>(g, kt, hd, scale, softcap, prob, corr);
       break;
     case 3:
-      ScoreGroup<3>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<3>(g, kt, hd, scale, softcap, prob, corr);
       break;
     default:
-      ScoreGroup<4>(g, kt, hd, scale, prob, corr);
+      ScoreGroup<4>(g, kt, hd, scale, softcap, prob, corr);
   }
   const float* pp[4] = {prob[0], prob[1], prob[2], prob[3]};
   accumulate(g.n, pp, corr, vf, g.out);
@@ -260,10 +270,10 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
         g.valid[g.n] = valid;
         g.m[g.n] = m + r * n_q + h;
         g.l[g.n] = l + r * n_q + h;
-        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, accumulate);
+        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, a.softcap, accumulate);
       }
     }
-    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale, accumulate);
+    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale, a.softcap, accumulate);
   }
   for (int64_t r = 0; r < n_rows; ++r) {
     float* out = a.out + r * a.out_stride;

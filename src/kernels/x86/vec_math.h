@@ -28,6 +28,15 @@ inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// cap * tanh(x / cap) (attention logit soft-capping), tanh(z) = 1 - 2 / (1 + exp(2z)); Exp8's
+// clamp gives +-1 for |z| beyond ~44.
+inline __m256 SoftCap8(__m256 x, float cap) {
+  const __m256 z2 = _mm256_mul_ps(x, _mm256_set1_ps(2.0f / cap));
+  const __m256 th = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                  _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), Exp8(z2))));
+  return _mm256_mul_ps(th, _mm256_set1_ps(cap));
+}
+
 inline float HSum8(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
