@@ -96,17 +96,18 @@ struct K4 {
       for (int c = 0; c < 8; ++c) {
         PrefetchLine(q + 64 * c);
         const __m512i v = _mm512_loadu_si512(q + 64 * c);
-        __m512i lo = _mm512_and_si512(v, m0f);
-        // Q4_K: high nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32
-        // without saturation, and the 1/16 is folded into the scale, so no shift is needed.
-        __m512i hi = _mm512_and_si512(v, mf0);
+        __m512i lo = _mm512_and_si512(v, m0f), hi;
         if constexpr (kFifth) {
           // Bits 2k and 2k + 1 of each qh byte to bit 4 (16-bit shifts: the masked bit never
-          // crosses a byte).
+          // crosses a byte); the high nibbles shifted down to take theirs.
           const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(blk + 256 + 64 * c), 2 * k);
           lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), m10));
           hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
                                _mm512_and_si512(_mm512_slli_epi16(h, 3), m10));
+        } else {
+          // Q4_K: high nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32
+          // without saturation, and the 1/16 is folded into the scale, so no shift is needed.
+          hi = _mm512_and_si512(v, mf0);
         }
         const int u = c % kSets;
 #pragma GCC unroll 8
