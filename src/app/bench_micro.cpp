@@ -116,6 +116,14 @@ WeightMatrix RandomWeights(WeightFormat f, int64_t rows, int64_t cols, XorShift&
   }
   const KFormat kf = KFormatOf(f);
   w.k = NewKMatrix(kf, rows, cols);
+  if (KFormatIsFloat(kf)) {  // small finite values (random bytes would hold NaNs)
+    for (size_t i = 0; i + 1 < w.k.data.size(); i += 2) {
+      const float v = 0.01f * rng.Uniform();
+      const uint16_t h = kf == KFormat::kF16 ? F32ToF16(v) : F32ToBf16(v);
+      std::memcpy(w.k.data.data() + i, &h, 2);
+    }
+    return w;
+  }
   for (uint8_t& b : w.k.data) b = static_cast<uint8_t>(rng.Next());
   // Finite f16 d (and dmin / m) for the 16 rows of every block (kquant.h layouts: d at 2o, dmin or
   // m at 32 + 2o).
@@ -151,6 +159,7 @@ std::vector<MatmulPoint> MeasureMatmul(const KernelTable& kernels, WeightFormat 
   xa.Resize(max_rows, cols);
   kernels.quantize_acts(x.data(), max_rows, cols, xa.q.data(), xa.scales.data());
   xa.ComputeSums(0, max_rows);
+  xa.x = x.data();
   std::vector<float> y(static_cast<size_t>(max_rows * rows));
 
   ThreadPool pool(n_threads);

@@ -114,6 +114,18 @@ void DequantQ40Block(const uint8_t* x, float* y) {
   }
 }
 
+// 32 F16 or BF16 values -> FP32 (exact).
+void DequantF16Block(const uint8_t* x, float* y) {
+  for (int j = 0; j < 32; ++j) y[j] = LoadF16(x + 2 * j);
+}
+void DequantBF16Block(const uint8_t* x, float* y) {
+  for (int j = 0; j < 32; ++j) {
+    uint16_t h;
+    std::memcpy(&h, x + 2 * j, 2);
+    y[j] = Bf16ToF32(h);
+  }
+}
+
 // KByteOffset as base + o * stride per ggml byte b, tabulated once per format.
 struct OffsetTable {
   int32_t base[kKMaxSuperBytes];
@@ -131,8 +143,9 @@ OffsetTable MakeTable(KFormat f) {
 
 const OffsetTable& Table(KFormat f) {
   static const OffsetTable tables[kKFormats] = {
-      MakeTable(KFormat::kQ4K),  MakeTable(KFormat::kQ6K),  MakeTable(KFormat::kQ5_0), MakeTable(KFormat::kQ4_1),
-      MakeTable(KFormat::kQ8_0), MakeTable(KFormat::kQ4_0), MakeTable(KFormat::kQ5K)};
+      MakeTable(KFormat::kQ4K),  MakeTable(KFormat::kQ6K),  MakeTable(KFormat::kQ5_0),
+      MakeTable(KFormat::kQ4_1), MakeTable(KFormat::kQ8_0), MakeTable(KFormat::kQ4_0),
+      MakeTable(KFormat::kQ5K),  MakeTable(KFormat::kF16),  MakeTable(KFormat::kBF16)};
   return tables[static_cast<int>(f)];
 }
 
@@ -159,11 +172,16 @@ const char* KFormatName(KFormat f) {
       return "q4_0";
     case KFormat::kQ5K:
       return "q5_k";
+    case KFormat::kF16:
+      return "f16";
+    case KFormat::kBF16:
+      return "bf16";
   }
   return "?";
 }
 
 int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
+  if (KFormatIsFloat(f)) return 32 * (b / 2) + 2 * o + b % 2;  // value b/2 of the 16 rows side by side
   if (f == KFormat::kQ8_0 || f == KFormat::kQ4_0) {
     if (b < 2) return 2 * o + b;    // d
     return QsOffset(32, o, b - 2);  // qs
@@ -219,8 +237,16 @@ Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* d
       const int64_t r = o % kKTile;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* x = src + o * row_bytes + s * sb;
-        const bool finite = std::isfinite(LoadF16(x + d_at)) && (!second || std::isfinite(LoadF16(x + 2)));
-        if (!finite) {
+        if (KFormatIsFloat(f)) {
+          float v[32];
+          DequantizeKBlocks(f, x, v, 1);
+          for (int j = 0; j < 32; ++j) {
+            if (!std::isfinite(v[j])) {
+              return InvalidArgument(std::string("[kquant] ") + KFormatName(f) + " row " + std::to_string(o) +
+                                     ", input " + std::to_string(s * 32 + j) + ": value is NaN or infinite");
+            }
+          }
+        } else if (!std::isfinite(LoadF16(x + d_at)) || (second && !std::isfinite(LoadF16(x + 2)))) {
           return InvalidArgument(std::string("[kquant] ") + KFormatName(f) + " row " + std::to_string(o) +
                                  ", super-block " + std::to_string(s) + ": scale is NaN or infinite");
         }
@@ -284,6 +310,12 @@ void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
         break;
       case KFormat::kQ5K:
         DequantQ5KBlock(x, y);
+        break;
+      case KFormat::kF16:
+        DequantF16Block(x, y);
+        break;
+      case KFormat::kBF16:
+        DequantBF16Block(x, y);
         break;
     }
   }

@@ -1,6 +1,6 @@
-// Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 / Q8_0 / Q4_0 / Q5_K words,
-// reordered into tiles
-// of kKTile = 16 output rows so that one 64-byte load holds 4 quant bytes of each of the 16 rows.
+// Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 / Q8_0 / Q4_0 / Q5_K / F16 /
+// BF16 words, reordered into tiles of kKTile = 16 output rows so that one 64-byte load holds 4
+// quant bytes of each of the 16 rows.
 // The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin/m, the
 // packed 6-bit or int8 scales and Q5_0's high bits stay as stored); UnpackK restores the file's
 // bytes exactly.
@@ -49,6 +49,11 @@
 //  Q4_0 (ggml block_q4_0: d f16, qs[16]; 32 inputs; y = (q - 8) * d; 288-byte blocks):
 //    [0, 32)      d of row o at 2o
 //    [32, 288)    qs[b] at 32 + (b/4)*64 + 4o + b%4 (chunks as Q5_0)
+//  F16 and BF16 (a "block" is 32 consecutive 2-byte values of a row; 1024-byte blocks):
+//    value i (0..31) of row o at 32i + 2o: one 32-byte load holds input i of the 16 rows, which
+//    the kernels widen to 16 FP32 lanes (vcvtph2ps, or a 16-bit shift for BF16).
+//    These float formats are read against the FP32 activations (QActs::x), not the int8 ones:
+//    the weights are exact and so are the activations, so the only error is the FP32 summation.
 #pragma once
 
 #include <cstdint>
@@ -58,11 +63,21 @@
 
 namespace mr {
 
-enum class KFormat : uint8_t { kQ4K = 0, kQ6K = 1, kQ5_0 = 2, kQ4_1 = 3, kQ8_0 = 4, kQ4_0 = 5, kQ5K = 6 };
-constexpr int kKFormats = 7;
+enum class KFormat : uint8_t {
+  kQ4K = 0,
+  kQ6K = 1,
+  kQ5_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 4,
+  kQ4_0 = 5,
+  kQ5K = 6,
+  kF16 = 7,
+  kBF16 = 8
+};
+constexpr int kKFormats = 9;
 // Every format, in KFormat order (tests and benchmarks iterate over it).
-constexpr KFormat kAllKFormats[] = {KFormat::kQ4K,  KFormat::kQ6K,  KFormat::kQ5_0, KFormat::kQ4_1,
-                                    KFormat::kQ8_0, KFormat::kQ4_0, KFormat::kQ5K};
+constexpr KFormat kAllKFormats[] = {KFormat::kQ4K,  KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1, KFormat::kQ8_0,
+                                    KFormat::kQ4_0, KFormat::kQ5K, KFormat::kF16,  KFormat::kBF16};
 static_assert(sizeof(kAllKFormats) / sizeof(kAllKFormats[0]) == kKFormats);
 constexpr int64_t kKTile = 16;           // output rows per tile
 constexpr int64_t kKSuper = 256;         // inputs per K-quant super-block (ggml QK_K)
@@ -74,6 +89,7 @@ constexpr int64_t kQ50BlockBytes = 22;   // sizeof(block_q5_0)
 constexpr int64_t kQ41BlockBytes = 20;   // sizeof(block_q4_1)
 constexpr int64_t kQ80BlockBytes = 34;   // sizeof(block_q8_0)
 constexpr int64_t kQ40BlockBytes = 18;   // sizeof(block_q4_0)
+constexpr int64_t kF16BlockBytes = 64;   // 32 F16 or BF16 values
 constexpr int64_t kKMaxSuperBytes = kQ6KSuperBytes;
 
 // Inputs per super-block (one ggml block of one row) of format f.
@@ -96,8 +112,15 @@ constexpr int64_t KSuperBytes(KFormat f) {
       return kQ40BlockBytes;
     case KFormat::kQ5K:
       return kQ5KSuperBytes;
+    case KFormat::kF16:
+    case KFormat::kBF16:
+      return kF16BlockBytes;
   }
   return 0;
+}
+// F16 / BF16: values, not quants; their kernels read FP32 activations (QActs::x).
+constexpr bool KFormatIsFloat(KFormat f) {
+  return f == KFormat::kF16 || f == KFormat::kBF16;
 }
 constexpr int64_t KBlockBytes(KFormat f) {
   return kKTile * KSuperBytes(f);
@@ -125,13 +148,14 @@ struct KMatrix {
 KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols);
 // Copies the ggml blocks of the rows of tiles [t_begin, t_end) from `src` (row-major, row o at
 // src + o * row_bytes, row_bytes = supers * KSuperBytes) into `dst`. Returns an error naming the
-// row when a block's d or dmin is NaN or infinite (nothing after it is packed). Threads may fill
+// row when a block's d or dmin (a value of an F16 / BF16 row) is NaN or infinite (nothing after
+// it is packed). Threads may fill
 // disjoint tile ranges at once.
 Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst);
 // The ggml bytes of all real rows, row-major (the inverse permutation of PackKTiles).
 std::vector<uint8_t> UnpackK(const KMatrix& m);
 // Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K, _q6_K,
-// _q5_0, _q4_1, _q8_0, _q4_0, _q5_K).
+// _q5_0, _q4_1, _q8_0, _q4_0, _q5_K; F16 / BF16 widened exactly).
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
 // nb consecutive ggml blocks in file order -> nb * KSuperInputs(f) floats, bit-identical to
 // ggml-quants.c

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,9 +33,20 @@ bool HasSecondScale(KFormat f) {
   return f == KFormat::kQ4K || f == KFormat::kQ5K || f == KFormat::kQ4_1;
 }
 
-// Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin.
+// Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin;
+// F16 / BF16 rows of normally distributed values.
 std::vector<uint8_t> RandomBlocks(KFormat f, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
+  if (KFormatIsFloat(f)) {
+    std::normal_distribution<float> value(0.0f, 0.05f);
+    std::vector<uint8_t> v(static_cast<size_t>(rows * cols * 2));
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float x = value(rng);
+      const uint16_t h = f == KFormat::kF16 ? F32ToF16(x) : F32ToBf16(x);
+      std::memcpy(v.data() + 2 * i, &h, 2);
+    }
+    return v;
+  }
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.0005f, 0.02f);
   const int64_t sb = KSuperBytes(f), n = rows * (cols / KSuperInputs(f));
@@ -107,9 +119,16 @@ TEST_P(KFormatTest, PackedRowsDequantizeLikeTheGgufReader) {
 TEST_P(KFormatTest, NonFiniteScaleIsRejectedWithItsRow) {
   const KFormat f = GetParam();
   auto src = RandomBlocks(f, 20, 256, 4);
-  // The last f16 scale of the block (dmin / m where there is one), in row 17's first block.
+  // The last f16 scale of the block (dmin / m where there is one; an F16 / BF16 value), in row
+  // 17's first block.
   const int64_t per_row = 256 / KSuperInputs(f);
-  PutF16(src.data() + 17 * per_row * KSuperBytes(f) + (HasSecondScale(f) ? 2 : DOffset(f)), INFINITY);
+  uint8_t* at = src.data() + 17 * per_row * KSuperBytes(f) + (HasSecondScale(f) ? 2 : DOffset(f));
+  if (f == KFormat::kBF16) {
+    const uint16_t inf = F32ToBf16(INFINITY);
+    std::memcpy(at, &inf, 2);
+  } else {
+    PutF16(at, INFINITY);  // an F16 value, or an f16 scale
+  }
   KMatrix m = NewKMatrix(f, 20, 256);
   const Status st = PackKTiles(src.data(), 0, m.tiles(), &m);
   ASSERT_FALSE(st.ok());
@@ -127,23 +146,44 @@ std::vector<float> RandomActs(int64_t n, uint32_t seed) {
   return v;
 }
 
-QActs Quantize(const std::vector<float>& x, int64_t n, int64_t cols) {
-  QActs a;
-  a.Resize(n, cols);
-  ref::QuantizeActs(x.data(), n, cols, a.q.data(), a.scales.data());
-  a.ComputeSums(0, n);
+// Quantized activations that keep their FP32 rows (QActs::x, read by the F16 / BF16 kernels).
+// Not copyable: x points into xf.
+struct Acts : QActs {
+  std::vector<float> xf;
+  Acts() = default;
+  Acts(const Acts&) = delete;
+  Acts& operator=(const Acts&) = delete;
+};
+
+std::unique_ptr<Acts> Quantize(std::vector<float> x, int64_t n, int64_t cols) {
+  auto a = std::make_unique<Acts>();
+  a->xf = std::move(x);
+  a->Resize(n, cols);
+  ref::QuantizeActs(a->xf.data(), n, cols, a->q.data(), a->scales.data());
+  a->ComputeSums(0, n);
+  a->x = a->xf.data();
   return a;
 }
 
-// sum_i |w_i x_i| for output o, row r: the scale of the rounding error of any summation order.
+// sum_i |w_i x_i| for output o, row r (x as the format's kernels read it): the scale of the
+// rounding error of any summation order.
 double AbsDot(const KMatrix& m, int64_t o, const QActs& a, int64_t r) {
   std::vector<float> w(static_cast<size_t>(m.cols));
   DequantizeKRow(m, o, w.data());
   double s = 0;
   for (int64_t i = 0; i < m.cols; ++i) {
-    s += std::fabs(w[i] * a.q[r * m.cols + i] * a.scales[r * (m.cols / kActGroup) + i / kActGroup]);
+    const double x = KFormatIsFloat(m.format)
+                         ? a.x[r * m.cols + i]
+                         : a.q[r * m.cols + i] * a.scales[r * (m.cols / kActGroup) + i / kActGroup];
+    s += std::fabs(w[i] * x);
   }
   return s;
+}
+
+// Relative tolerance against AbsDot: the integer kernels' sums are exact and only their scaling
+// rounds; the F16 / BF16 kernels sum FP32 products (two chains of up to 448 terms here).
+double RelTol(KFormat f) {
+  return KFormatIsFloat(f) ? 2e-5 : 2e-6;
 }
 
 struct KCase {
@@ -172,7 +212,8 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
       const auto src = RandomBlocks(f, out, cols, static_cast<uint32_t>(out * 13 + cols));
       const KMatrix m = Pack(f, src, out, cols);
       for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
-        const QActs a = Quantize(RandomActs(n * cols, static_cast<uint32_t>(n * 5 + cols)), n, cols);
+        const auto ap = Quantize(RandomActs(n * cols, static_cast<uint32_t>(n * 5 + cols)), n, cols);
+        const QActs& a = *ap;
         const int64_t t0 = m.tiles() > 2 ? 1 : 0, t1 = m.tiles() > 3 ? m.tiles() - 1 : m.tiles();
         const int64_t o0 = t0 * kKTile, o1 = std::min(out, t1 * kKTile);
         std::vector<float> y_ref(n * out, -1.0f), y(n * out, -1.0f);
@@ -184,7 +225,7 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
             if (o < o0 || o >= o1) {
               ASSERT_EQ(got, -1.0f) << "wrote outside its tile range: o " << o;
             } else {
-              ASSERT_NEAR(got, want, 2e-6 * AbsDot(m, o, a, r) + 1e-6)
+              ASSERT_NEAR(got, want, RelTol(f) * AbsDot(m, o, a, r) + 1e-6)
                   << KFormatName(f) << " cols " << cols << " out " << out << " n " << n << " r " << r << " o " << o;
             }
           }
@@ -200,6 +241,7 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
 // quantize to +127 or -127, so every product has the same sign and the largest magnitude.
 TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
   const auto [cpu, f] = GetParam();
+  if (KFormatIsFloat(f)) GTEST_SKIP() << KFormatName(f) << ": FP32 arithmetic, no integer bounds to test";
   const KernelTable& k = GetKernels(cpu);
   const int64_t cols = 512, out = 17, n = 8;
   for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
@@ -212,7 +254,8 @@ TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
     }
     const KMatrix m = Pack(f, src, out, cols);
     for (float sign : {1.0f, -1.0f}) {
-      const QActs a = Quantize(std::vector<float>(static_cast<size_t>(n * cols), sign), n, cols);
+      const auto ap = Quantize(std::vector<float>(static_cast<size_t>(n * cols), sign), n, cols);
+      const QActs& a = *ap;
       ASSERT_EQ(a.q[0], sign > 0 ? 127 : -127);
       std::vector<float> y_ref(n * out), y(n * out);
       ref::MatmulKInt(m, a, n, y_ref.data(), out, 0, out);
@@ -235,12 +278,14 @@ TEST_P(KKernelTest, RowResultDoesNotDependOnRowCount) {
   const KMatrix m = Pack(f, RandomBlocks(f, out, cols, 77), out, cols);
   const KMatrix u = Pack(f, RandomBlocks(f, out, cols, 78), out, cols);
   const auto x = RandomActs(n_max * cols, 79);
-  const QActs all = Quantize(x, n_max, cols);
+  const auto allp = Quantize(x, n_max, cols);
+  const QActs& all = *allp;
   std::vector<float> y_all(n_max * out), g_all(n_max * out);
   k.matmul_k[static_cast<int>(f)](m, all, n_max, y_all.data(), out, 0, m.tiles());
   k.matmul_k_glu[static_cast<int>(f)](m, u, all, n_max, GluAct::kSilu, g_all.data(), out, 0, m.tiles());
   for (int64_t n = 1; n < n_max; ++n) {  // the first n rows alone
-    const QActs part = Quantize(std::vector<float>(x.begin(), x.begin() + n * cols), n, cols);
+    const auto partp = Quantize(std::vector<float>(x.begin(), x.begin() + n * cols), n, cols);
+    const QActs& part = *partp;
     std::vector<float> y(n * out), g(n * out);
     k.matmul_k[static_cast<int>(f)](m, part, n, y.data(), out, 0, m.tiles());
     k.matmul_k_glu[static_cast<int>(f)](m, u, part, n, GluAct::kSilu, g.data(), out, 0, m.tiles());
@@ -260,7 +305,8 @@ TEST_P(KKernelTest, FusedGluMatchesReference) {
       const KMatrix g = Pack(f, RandomBlocks(f, out, cols, 21 + static_cast<uint32_t>(out)), out, cols);
       const KMatrix u = Pack(f, RandomBlocks(f, out, cols, 22 + static_cast<uint32_t>(out)), out, cols);
       for (int64_t n : {1, 3, 8, 11}) {
-        const QActs a = Quantize(RandomActs(n * cols, 23 + static_cast<uint32_t>(n)), n, cols);
+        const auto ap = Quantize(RandomActs(n * cols, 23 + static_cast<uint32_t>(n)), n, cols);
+        const QActs& a = *ap;
         std::vector<float> y_ref(n * out), y(n * out, -1.0f), yg(n * out), yu(n * out);
         ref::MatmulKIntGlu(g, u, a, n, act, y_ref.data(), out, 0, out);
         ref::MatmulKInt(g, a, n, yg.data(), out, 0, out);
@@ -271,7 +317,7 @@ TEST_P(KKernelTest, FusedGluMatchesReference) {
           // act(g) * u (|act'| <= 1.2); the vector tanh-GELU also rounds 1 + tanh(z) to 0 for
           // gates below about -5 (float cancellation; ref uses std::tanh): 1e-6 * |g| * |u|.
           const int64_t r = i / out, o = i % out;
-          const double eg = 2e-6 * AbsDot(g, o, a, r) + 1e-6, eu = 2e-6 * AbsDot(u, o, a, r) + 1e-6;
+          const double eg = RelTol(f) * AbsDot(g, o, a, r) + 1e-6, eu = RelTol(f) * AbsDot(u, o, a, r) + 1e-6;
           const double tol = 1e-4 * (1.0 + std::fabs(y_ref[i])) + 1.2 * eg * std::fabs(yu[i]) +
                              eu * (1.0 + std::fabs(yg[i])) + 1e-6 * (1.0 + std::fabs(yg[i])) * std::fabs(yu[i]);
           ASSERT_NEAR(y[i], y_ref[i], tol) << KFormatName(f) << " out " << out << " n " << n;

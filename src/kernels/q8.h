@@ -89,6 +89,9 @@ struct QActs {
   int64_t cols = 0;
   std::vector<int8_t> q;      // (n_rows, cols)
   std::vector<float> scales;  // (n_rows, cols / kActGroup)
+  // The FP32 rows (n_rows, cols) these were quantized from, owned by the caller and valid for the
+  // op: the F16 / BF16 kernels read them instead of q (kquant.h).
+  const float* x = nullptr;
   // For the native K-quant kernels (kquant.h), whose weights carry an offset (Q6_K's -32) or a
   // sub-block minimum (Q4_K): per-row sums of the quantized activations, filled by ComputeSums.
   std::vector<int16_t> sums16;  // (n_rows, cols / 16): sum of q over inputs 16j..16j+15 (|sum| <= 2032)

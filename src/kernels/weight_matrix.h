@@ -1,7 +1,7 @@
 // The weight-matrix abstraction of the fast path: one matrix in the format its kernels read,
 // with the format tag deciding the kernel. Q8/g64 (q8.h) is the converted format, for every
-// GGUF type; Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0 and Q4_0 (kquant.h) keep the file's own words, only
-// reordered into tiles.
+// GGUF type; Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16 and BF16 (kquant.h) keep the file's own
+// words, only reordered into tiles.
 // A new format adds a tag, a member and a case here (and its kernels in KernelTable); callers
 // (the model's forward pass) only see tiles, bytes and these entry points.
 #pragma once
@@ -24,7 +24,9 @@ enum class WeightFormat : uint8_t {
   kQ4_1 = 4,
   kQ8_0 = 5,
   kQ4_0 = 6,
-  kQ5K = 7
+  kQ5K = 7,
+  kF16 = 8,
+  kBF16 = 9
 };
 const char* WeightFormatName(WeightFormat f);
 constexpr WeightFormat NativeWeightFormat(KFormat f) {
@@ -40,6 +42,8 @@ struct WeightMatrix {
   KMatrix k;   // native formats
 
   bool native() const { return format != WeightFormat::kQ8G64; }
+  // F16 / BF16: the kernels read the FP32 activations, not the int8 ones.
+  bool float_format() const { return native() && KFormatIsFloat(k.format); }
   int64_t rows() const { return native() ? k.rows : q8.rows; }
   int64_t cols() const { return native() ? k.cols : q8.cols; }
   // Units of kernel work (8 outputs for Q8/g64, 16 for the K-quants): threads split an op by tiles.
@@ -49,7 +53,7 @@ struct WeightMatrix {
 
 // y[r * ldy + o] = sum_i w[o][i] * xdeq[r][i] for rows r < n_rows and the outputs of tiles
 // [t_begin, t_end), by the format's kernel. x: quantized activations (QActs::ComputeSums done
-// when w is native).
+// when w is native; QActs::x set when w is F16 or BF16).
 void MatmulTiles(const KernelTable& kt, const WeightMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy,
                  int64_t t_begin, int64_t t_end);
 // y[r * ldy + o] = act(gate·x) * (up·x). gate and up must have the same format and shape.

@@ -34,7 +34,7 @@ class FastOps final : public ForwardOps {
   // The normed input is quantized once for q, k and v, and the three projections are one parallel
   // op: the threads split the concatenated output tiles of the three matrices.
   void Qkv(const LayerWeights& L, const float* x, int64_t n, float* q, float* k, float* v) override {
-    Quantize(x, n, L.wq.cols());
+    Quantize(x, n, L.wq.cols(), !(L.wq.float_format() && L.wk.float_format() && L.wv.float_format()));
     const int64_t tq = L.wq.tiles(), tk = L.wk.tiles(), tv = L.wv.tiles();
     pool_.ParallelForDynamic(tq + tk + tv, TileChunk(tq + tk + tv), [&](int64_t b, int64_t e, int) {
       auto part = [&](const WeightMatrix& w, int64_t off, float* y) {
@@ -129,7 +129,7 @@ class FastOps final : public ForwardOps {
   }
 
   void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) override {
-    Quantize(x, n, w.cols());
+    Quantize(x, n, w.cols(), !w.float_format());
     pool_.ParallelForDynamic(w.tiles(), TileChunk(w.tiles()),
                              [&](int64_t b, int64_t e, int) { MatmulTiles(k_, w, qa_, n, y, w.rows(), b, e); });
   }
@@ -137,7 +137,7 @@ class FastOps final : public ForwardOps {
   // Gate and up projections with the GLU in one pass.
   void Glu(const WeightMatrix& gate, const WeightMatrix& up, const float* x, int64_t n, GluAct act,
            float* out) override {
-    Quantize(x, n, gate.cols());
+    Quantize(x, n, gate.cols(), !gate.float_format());
     pool_.ParallelForDynamic(gate.tiles(), TileChunk(gate.tiles()), [&](int64_t b, int64_t e, int) {
       MatmulGluTiles(k_, gate, up, qa_, n, act, out, gate.rows(), b, e);
     });
@@ -145,9 +145,12 @@ class FastOps final : public ForwardOps {
 
  private:
   // x (n, cols) -> qa_: int8 per row and kActGroup inputs, plus the activation sums when
-  // native K-quant matrices read them.
-  void Quantize(const float* x, int64_t n, int64_t cols) {
+  // native K-quant matrices read them; x itself for the F16 / BF16 matrices. int8: false when every
+  // matrix of the op is F16 / BF16 (they read x only).
+  void Quantize(const float* x, int64_t n, int64_t cols, bool int8) {
     qa_.Resize(n, cols);
+    qa_.x = x;
+    if (!int8) return;
     const int64_t groups = cols / kActGroup;
     if (n <= 8) {  // decode and verify: cheaper than a hand-off to the workers
       k_.quantize_acts(x, n, cols, qa_.q.data(), qa_.scales.data());

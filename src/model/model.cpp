@@ -191,6 +191,12 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
     case gguf::TensorType::kQ4_0:
       *f = KFormat::kQ4_0;
       return true;
+    case gguf::TensorType::kF16:
+      *f = KFormat::kF16;
+      return true;
+    case gguf::TensorType::kBF16:
+      *f = KFormat::kBF16;
+      return true;
     default:
       return false;
   }
@@ -199,7 +205,7 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
 }  // namespace
 
 // A GGUF matrix (rows outputs of cols inputs) in its fast-path format: tensors of a native type
-// (kquant.h: Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0) stay
+// (kquant.h: Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16, BF16) stay
 // native when allowed (native_weights_ and allow_native); others are converted to Q8/g64 in row
 // chunks so peak memory stays small, chunks spread over the pool.
 Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out) {

@@ -74,8 +74,15 @@ void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, 
 
 namespace {
 
-// One dequantized output row of w against row r of x (int8 q * FP32 group scale), in double.
-float DotKInt(const float* wrow, const QActs& x, int64_t r) {
+// One dequantized output row of w against row r of x (int8 q * FP32 group scale; the FP32 rows
+// for the F16 / BF16 formats), in double.
+float DotKInt(const float* wrow, const QActs& x, int64_t r, KFormat f) {
+  if (KFormatIsFloat(f)) {
+    MR_CHECK(x.x != nullptr);
+    double acc = 0;
+    for (int64_t i = 0; i < x.cols; ++i) acc += static_cast<double>(wrow[i]) * x.x[r * x.cols + i];
+    return static_cast<float>(acc);
+  }
   const int8_t* xq = x.q.data() + r * x.cols;
   const float* xs = x.scales.data() + r * (x.cols / kActGroup);
   double acc = 0;
@@ -92,7 +99,7 @@ void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int6
   std::vector<float> wrow(static_cast<size_t>(w.cols));
   for (int64_t o = o_begin; o < o_end; ++o) {
     DequantizeKRow(w, o, wrow.data());
-    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotKInt(wrow.data(), x, r);
+    for (int64_t r = 0; r < n_rows; ++r) y[r * ldy + o] = DotKInt(wrow.data(), x, r, w.format);
   }
 }
 
@@ -104,7 +111,7 @@ void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64
     DequantizeKRow(gate, o, wg.data());
     DequantizeKRow(up, o, wu.data());
     for (int64_t r = 0; r < n_rows; ++r) {
-      const float g = DotKInt(wg.data(), x, r), u = DotKInt(wu.data(), x, r);
+      const float g = DotKInt(wg.data(), x, r, gate.format), u = DotKInt(wu.data(), x, r, up.format);
       y[r * ldy + o] = (act == GluAct::kSilu ? Silu(g) : GeluTanh(g)) * u;
     }
   }

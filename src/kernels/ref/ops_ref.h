@@ -24,7 +24,8 @@ void MatmulQ8Tiles(const QMatrix& w, const int8_t* xq, const float* xs, int64_t 
 void MatmulQ8GluTiles(const QMatrix& gate, const QMatrix& up, const int8_t* xq, const float* xs, int64_t n_rows,
                       GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 // Native K-quant matrices (kquant.h): weights dequantized to FP32 with ggml's arithmetic, dotted
-// with the int8 activations (q * scale) in double. The oracle of the K-quant kernels.
+// with the int8 activations (q * scale) in double; F16 / BF16 rows with the FP32 activations
+// (QActs::x). The oracle of the native kernels.
 void MatmulKInt(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t o_begin,
                 int64_t o_end);
 void MatmulKIntGlu(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,

@@ -431,6 +431,73 @@ struct KTile {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// F16 / BF16: a 32-byte load holds input i of the 16 rows; each 16-byte half widened to 8 FP32
+// lanes (vcvtph2ps, or a zero-extension and 16-bit shift for BF16) meets each row's FP32
+// activation in one FMA against a broadcast. Two accumulators per row (the tile's halves) fill 8
+// of the 16 ymm registers at 4 rows, so more rows run in passes of 4 over the whole tile (its
+// 32 bytes per input come from L1/L2 again; each row's summation order does not change).
+
+template <bool kBf16>
+inline __m256 Widen8(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (kBf16) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(h);
+  }
+}
+
+template <bool kBf16>
+struct FTile {
+  static constexpr int kPassRows = 4;
+
+  template <int R>
+  static void Pass(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
+    __m256 lo[R], hi[R];
+    const float* x[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      lo[r] = hi[r] = _mm256_setzero_ps();
+      x[r] = a.Xf(r);
+    }
+    const int64_t supers = w.supers();
+    const uint8_t* blk = w.block(t, 0);  // the tile's blocks are consecutive
+    for (int64_t s = 0; s < supers; ++s, blk += mr::KBlockBytes(mr::KFormat::kF16)) {
+      const int64_t i0 = s * mr::kKBlock32;
+#pragma GCC unroll 2
+      for (int i = 0; i < mr::kKBlock32; ++i) {
+        if (i % 2 == 0) PrefetchLine(blk + 32 * i);
+        const __m256 w0 = Widen8<kBf16>(blk + 32 * i), w1 = Widen8<kBf16>(blk + 32 * i + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256 xb = _mm256_broadcast_ss(x[r] + i0 + i);
+          lo[r] = _mm256_fmadd_ps(w0, xb, lo[r]);
+          hi[r] = _mm256_fmadd_ps(w1, xb, hi[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_store_ps(out[r], lo[r]);
+      _mm256_store_ps(out[r] + 8, hi[r]);
+    }
+  }
+
+  template <int R>
+  static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
+    if constexpr (R <= kPassRows) {
+      Pass<R>(w, t, a, out);
+    } else {
+      Pass<kPassRows>(w, t, a, out);
+      Pass<R - kPassRows>(w, t, a.From(kPassRows), out + kPassRows);
+    }
+  }
+
+  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
+    RunRowsOf<FTile>(nr, w, t, a, out);
+  }
+};
+
 }  // namespace
 
 namespace mr::x86 {
@@ -442,5 +509,7 @@ MR_DEFINE_K_KERNELS(Q50, Avx2, KTile<Q50>)
 MR_DEFINE_K_KERNELS(Q41, Avx2, KTile<Q41>)
 MR_DEFINE_K_KERNELS(Q80, Avx2, KTile<Q80>)
 MR_DEFINE_K_KERNELS(Q40, Avx2, KTile<Q40>)
+MR_DEFINE_K_KERNELS(F16, Avx2, FTile<false>)
+MR_DEFINE_K_KERNELS(BF16, Avx2, FTile<true>)
 
 }  // namespace mr::x86

@@ -471,6 +471,56 @@ struct KTile {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// F16 / BF16: a 32-byte load holds input i of the 16 rows; widened to FP32 (vcvtph2ps, or a
+// zero-extension and 16-bit shift for BF16) it meets each row's FP32 activation in one FMA with an
+// embedded broadcast. Even and odd inputs go to separate accumulators (two dependency chains per
+// row, so one row is not bound by the FMA latency); the same order for every row count.
+
+template <bool kBf16>
+inline __m512 Widen16(const uint8_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (kBf16) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(h);
+  }
+}
+
+template <bool kBf16>
+struct FTile {
+  template <int R>
+  static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
+    __m512 even[R], odd[R];
+    const float* x[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      even[r] = odd[r] = _mm512_setzero_ps();
+      x[r] = a.Xf(r);
+    }
+    const int64_t supers = w.supers();
+    const uint8_t* blk = w.block(t, 0);  // the tile's blocks are consecutive
+    for (int64_t s = 0; s < supers; ++s, blk += mr::KBlockBytes(mr::KFormat::kF16)) {
+      const int64_t i0 = s * mr::kKBlock32;
+#pragma GCC unroll 2
+      for (int i = 0; i < mr::kKBlock32; i += 2) {
+        PrefetchLine(blk + 32 * i);
+        const __m512 w0 = Widen16<kBf16>(blk + 32 * i), w1 = Widen16<kBf16>(blk + 32 * (i + 1));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          even[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r][i0 + i]), even[r]);
+          odd[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[r][i0 + i + 1]), odd[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_add_ps(even[r], odd[r]));
+  }
+
+  static void Run(const KMatrix& w, int64_t t, const ActRows& a, int nr, float (*out)[kKTile]) {
+    RunRowsOf<FTile>(nr, w, t, a, out);
+  }
+};
+
 }  // namespace
 
 namespace mr::x86 {
@@ -482,5 +532,7 @@ MR_DEFINE_K_KERNELS(Q50, Avx512, KTile<Q50>)
 MR_DEFINE_K_KERNELS(Q41, Avx512, KTile<Q41>)
 MR_DEFINE_K_KERNELS(Q80, Avx512, KTile<Q80>)
 MR_DEFINE_K_KERNELS(Q40, Avx512, KTile<Q40>)
+MR_DEFINE_K_KERNELS(F16, Avx512, FTile<false>)
+MR_DEFINE_K_KERNELS(BF16, Avx512, FTile<true>)
 
 }  // namespace mr::x86

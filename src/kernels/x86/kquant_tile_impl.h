@@ -54,14 +54,16 @@ struct ActRows {
   const int16_t* s16;  // (rows, cols / 16)
   const float* s32;    // (rows, cols / 32)
   const int8_t* qi;    // QActs::qi at row 0 of these rows
+  const float* xf;     // (rows, cols) FP32 (QActs::x; F16 / BF16 kernels), null when not given
   int64_t cols;
   const int8_t* Q(int r) const { return q + r * cols; }
   const float* Xs(int r) const { return xs + r * (cols / kActGroup); }
   const int16_t* S16(int r) const { return s16 + r * (cols / 16); }
   const float* S32(int r) const { return s32 + r * (cols / 32); }
   const int8_t* I(int64_t i) const { return qi + i * QActs::kInterleaveRows; }
+  const float* Xf(int r) const { return xf + r * cols; }
   // Rows r.. of these rows (r + their count <= QActs::kInterleaveRows for the interleaved copy).
-  ActRows From(int r) const { return {Q(r), Xs(r), S16(r), S32(r), qi + 4 * r, cols}; }
+  ActRows From(int r) const { return {Q(r), Xs(r), S16(r), S32(r), qi + 4 * r, xf ? Xf(r) : nullptr, cols}; }
 };
 
 inline ActRows RowsOf(const QActs& x, int64_t r0) {
@@ -71,6 +73,7 @@ inline ActRows RowsOf(const QActs& x, int64_t r0) {
           x.sums16.data() + r0 * (x.cols / 16),
           x.sums32.data() + r0 * (x.cols / 32),
           x.qi.data() + (r0 / kIr) * x.cols * kIr + (r0 % kIr) * 4,
+          x.x ? x.x + r0 * x.cols : nullptr,
           x.cols};
 }
 
