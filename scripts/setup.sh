@@ -31,6 +31,8 @@ APT_NEEDS=(
   "libre2-dev:/usr/include/re2/re2.h"
   "libpoppler-cpp-dev:/usr/include/poppler/cpp/poppler-document.h"
   "python3:python3"
+  # reference renderer for the chat-template fixtures (scripts/jinja_fixtures.py)
+  "python3-jinja2:/usr/lib/python3/dist-packages/jinja2/__init__.py"
   # the replicated deployment (deploy/, tests/e2e/test_deploy.py)
   "haproxy:/usr/sbin/haproxy"
   # headless rendering of `mererun qualify report` (tests/e2e/test_qualify_report.py)

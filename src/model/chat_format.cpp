@@ -1,8 +1,13 @@
 #include "model/chat_format.h"
 
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 
+#include "base/log.h"
 #include "model/gguf.h"
+#include "model/jinja.h"
 
 namespace mr {
 namespace {
@@ -130,7 +135,7 @@ class Prompt {
     return *this;
   }
   bool empty() const { return text_.empty(); }
-  RenderedChat Take() { return {std::move(text_), std::move(spans_)}; }
+  RenderedChat Take() { return {std::move(text_), std::move(spans_), {}}; }
 
  private:
   std::string text_;
@@ -178,10 +183,149 @@ void ToolResponse(const ChatMessage& m, Prompt* p) {
 
 }  // namespace
 
+namespace {
+
+// The parsed chat template of a model file, parsed once per distinct template text; nullptr when
+// it does not parse (the error is logged once).
+std::shared_ptr<const jinja::Template> ParsedTemplate(const std::string& source) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const jinja::Template>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(source);
+  if (it != cache.end()) return it->second;
+  Result<jinja::Template> t = jinja::Template::Parse(source);
+  std::shared_ptr<const jinja::Template> parsed;
+  if (t.ok()) {
+    parsed = std::make_shared<const jinja::Template>(std::move(*t));
+  } else {
+    MR_LOGW("chat", "the model's chat template does not parse (%s): plain text prompts instead",
+            t.status().message().c_str());
+  }
+  cache.emplace(source, parsed);
+  return parsed;
+}
+
+// The text of special token `key` (tokenizer.ggml.bos_token_id, ...) from the vocabulary.
+std::string SpecialTokenText(const gguf::GgufFile& f, const char* key) {
+  const std::optional<int64_t> id = f.GetInt(key);
+  const std::vector<std::string>* tokens = f.GetStringArray("tokenizer.ggml.tokens");
+  if (!id || !tokens || *id < 0 || *id >= static_cast<int64_t>(tokens->size())) return "";
+  return (*tokens)[static_cast<size_t>(*id)];
+}
+
+// Drops text[0, n) and moves the spans with it.
+void EraseFront(RenderedChat* r, size_t n) {
+  r->text.erase(0, n);
+  std::vector<TextSpan> kept;
+  for (const TextSpan& sp : r->literal) {
+    if (sp.end <= n) continue;
+    kept.push_back({sp.begin > n ? sp.begin - n : 0, sp.end - n});
+  }
+  r->literal = std::move(kept);
+}
+
+// Keeps text[0, n).
+void Truncate(RenderedChat* r, size_t n) {
+  r->text.resize(n);
+  std::vector<TextSpan> kept;
+  for (const TextSpan& sp : r->literal) {
+    if (sp.begin >= n) break;
+    kept.push_back({sp.begin, std::min(sp.end, n)});
+  }
+  r->literal = std::move(kept);
+}
+
+// The conversation as transformers passes it to a template: OpenAI-style messages (tool calls
+// with their arguments as an object, reasoning as reasoning_content), tools as
+// {"type": "function", "function": {...}}, bos_token and eos_token.
+nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+                                       const ChatRenderOptions& opts, bool add_generation_prompt) {
+  using J = nlohmann::ordered_json;
+  J msgs = J::array();
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  if (!has_system && !opts.system_suffix.empty())
+    msgs.push_back(J{{"role", "system"}, {"content", opts.system_suffix}});
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    J o = J::object();
+    o["role"] = m.role;
+    o["content"] = i == 0 && has_system ? m.content + opts.system_suffix : m.content;
+    if (!m.reasoning.empty()) o["reasoning_content"] = m.reasoning;
+    if (!m.tool_calls.empty()) {
+      J calls = J::array();
+      for (const ChatToolCall& c : m.tool_calls) {
+        calls.push_back(
+            J{{"id", c.id}, {"type", "function"}, {"function", J{{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      o["tool_calls"] = std::move(calls);
+    }
+    if (m.role == "tool" && !m.tool_call_id.empty()) o["tool_call_id"] = m.tool_call_id;
+    msgs.push_back(std::move(o));
+  }
+  J ctx = J::object();
+  ctx["messages"] = std::move(msgs);
+  if (!opts.tools.empty()) {
+    J tools = J::array();
+    for (const ChatTool& t : opts.tools) {
+      J fn = J::object();
+      fn["name"] = t.name;
+      if (!t.description.empty()) fn["description"] = t.description;
+      fn["parameters"] = t.parameters;
+      tools.push_back(J{{"type", "function"}, {"function", std::move(fn)}});
+    }
+    ctx["tools"] = std::move(tools);
+  }
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  ctx["bos_token"] = SpecialTokenText(f, "tokenizer.ggml.bos_token_id");
+  ctx["eos_token"] = SpecialTokenText(f, "tokenizer.ggml.eos_token_id");
+  return ctx;
+}
+
+RenderedChat RenderTemplate(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+                            const ChatRenderOptions& opts) {
+  RenderedChat out;
+  const std::shared_ptr<const jinja::Template> t = ParsedTemplate(f.GetString("tokenizer.chat_template").value_or(""));
+  if (!t) {
+    out.error = "the model's chat template does not parse";
+    return out;
+  }
+  // Continuing a final assistant message: render without a generation prompt and cut the text
+  // right after that message's content (what transformers' continue_final_message does).
+  const bool open_last = opts.continue_final && !messages.empty() && messages.back().role == "assistant" &&
+                         !messages.back().content.empty();
+  std::vector<ChatMessage> msgs = messages;
+  if (opts.continue_final && !open_last && !msgs.empty() && msgs.back().role == "assistant") msgs.pop_back();
+  Result<jinja::Output> r =
+      t->Render(TemplateContext(f, msgs, opts, opts.add_generation_prompt && !open_last), jinja::Options{});
+  if (!r.ok()) {
+    out.error = r.status().message();
+    return out;
+  }
+  out.text = std::move(r->text);
+  out.literal = std::move(r->data);
+  if (open_last) {
+    const size_t at = out.text.rfind(messages.back().content);
+    if (at == std::string::npos) {
+      out = RenderedChat{};
+      out.error = "the model's chat template does not show the final assistant message to continue";
+      return out;
+    }
+    Truncate(&out, at + messages.back().content.size());
+  }
+  // The tokenizer adds BOS itself when the model asks for it; the template's own would double it.
+  const std::string bos = SpecialTokenText(f, "tokenizer.ggml.bos_token_id");
+  if (!bos.empty() && out.text.compare(0, bos.size(), bos) == 0) EraseFront(&out, bos.size());
+  out.text += opts.assistant_prefix;
+  return out;
+}
+
+}  // namespace
+
 ChatFamily DetectChatFamily(const gguf::GgufFile& f) {
   const std::string tmpl = f.GetString("tokenizer.chat_template").value_or("");
   if (tmpl.find("<|im_start|>") != std::string::npos) return ChatFamily::kChatML;
   if (tmpl.find("<start_of_turn>") != std::string::npos) return ChatFamily::kGemma;
+  if (!tmpl.empty() && ParsedTemplate(tmpl)) return ChatFamily::kTemplate;
   const std::string arch = f.GetString("general.architecture").value_or("");
   if (arch == "gemma2" || arch == "gemma3") return ChatFamily::kGemma;
   if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return ChatFamily::kChatML;
@@ -196,6 +340,8 @@ const char* ChatFamilyName(ChatFamily family) {
       return "gemma";
     case ChatFamily::kNone:
       return "none";
+    case ChatFamily::kTemplate:
+      return "template";
   }
   return "?";
 }
@@ -219,7 +365,13 @@ std::string ToolDefinitionJson(const ChatTool& t) {
 
 RenderedChat ToolResultTurn(ChatFamily family, const std::string& result) {
   Prompt p;
-  if (family == ChatFamily::kGemma) {
+  if (family == ChatFamily::kTemplate) {
+    // A template has no piece for "a tool result mid-turn" that could be cut out of it: the
+    // result stays inside the assistant turn as a Hermes tool response.
+    p.Lit("\n");
+    ToolResponse(ChatMessage{"tool", result, {}, {}, {}}, &p);
+    p.Lit("\n");
+  } else if (family == ChatFamily::kGemma) {
     p.Lit("<end_of_turn>\n<start_of_turn>user\n");
     ToolResponse(ChatMessage{"tool", result, {}, {}, {}}, &p);
     p.Lit("<end_of_turn>\n<start_of_turn>model\n");
@@ -261,6 +413,7 @@ std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::ve
 
 RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                              const ChatRenderOptions& opts) {
+  if (family == ChatFamily::kTemplate) return RenderTemplate(f, messages, opts);
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
   const size_t n = messages.size();
@@ -365,6 +518,7 @@ RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const s
       if (!open_last) out.Lit("<start_of_turn>model\n");
       break;
     }
+    case ChatFamily::kTemplate:  // rendered above
     case ChatFamily::kNone:
       if (!sys.text.empty()) {
         put_system(&out);

@@ -22,7 +22,11 @@ namespace gguf {
 class GgufFile;
 }
 
-enum class ChatFamily { kChatML, kGemma, kNone };
+// kTemplate: the model's own tokenizer.chat_template rendered by the Jinja engine (model/jinja.h),
+// for templates that are neither ChatML nor Gemma (Llama 3, Phi-3, Mistral, ...); ChatML and Gemma
+// keep their hand-written formats, which also teach a tool convention to models whose template has
+// none (SmolLM2, Gemma 3).
+enum class ChatFamily { kChatML, kGemma, kNone, kTemplate };
 
 struct ChatToolCall {
   std::string id;
@@ -87,6 +91,9 @@ struct ChatRenderOptions {
   // The last message is an assistant turn to continue (prefill): it is left open and no new
   // turn is started; assistant_prefix then follows its text.
   bool continue_final = false;
+  // kTemplate: false renders without opening the assistant turn (the template's
+  // add_generation_prompt); the hand-written families always open it.
+  bool add_generation_prompt = true;
 };
 
 ChatFamily DetectChatFamily(const gguf::GgufFile& f);
@@ -104,6 +111,9 @@ std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::ve
 struct RenderedChat {
   std::string text;
   std::vector<TextSpan> literal;  // sorted, disjoint
+  // kTemplate: why the model's template refused the conversation (its raise_exception message,
+  // or an engine error); text is then empty. Always empty for the hand-written families.
+  std::string error;
 };
 RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                              const ChatRenderOptions& opts = {});

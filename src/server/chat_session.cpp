@@ -71,6 +71,7 @@ RenderedChat RenderCacheCut(const ServedModel& sm, const ChatRequest& req, const
   ChatRenderOptions opts = req.render;
   opts.assistant_prefix.clear();
   opts.continue_final = false;
+  opts.add_generation_prompt = false;  // kTemplate; the hand-written families' opening is cut below
   if (opts.tools.size() > cut.n_tools) opts.tools.resize(cut.n_tools);
   // Gemma writes the system text (tools included) into the first user turn: without a user
   // message it would not be rendered at all.
@@ -167,7 +168,7 @@ int64_t PromptTokens(const ServedModel& sm, const ChatRequest& req) {
   ChatRequest r = req;
   DropEarlierReasoning(&r.messages);
   const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), r.messages, r.render);
-  if (rendered.text.size() > MaxPromptBytes(sm)) return INT64_MAX / 4;  // refused later, not tokenized
+  if (!rendered.error.empty() || rendered.text.size() > MaxPromptBytes(sm)) return INT64_MAX / 4;  // refused later
   return static_cast<int64_t>(EncodePrompt(sm, rendered, 0, /*add_special=*/true).size());
 }
 
@@ -274,6 +275,8 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   if (req.context_management) out->context_management = ApplyContextEdits(sm, &req);
   DropEarlierReasoning(&req.messages);
   const RenderedChat rendered = RenderChatSpans(sm.family, sm.model->file(), req.messages, req.render);
+  if (!rendered.error.empty())
+    return InvalidRequest("the model's chat template refused the conversation: " + rendered.error);
   MR_LOGD("server", "prompt:\n%s", rendered.text.c_str());
   // Work bounded before tokenization: no real prompt averages more than 16 bytes per token, so
   // a longer text cannot fit the context and is not worth tokenizing (an 8 MB "word" would
