@@ -141,6 +141,7 @@ struct Value {
 struct Dict {
   std::vector<std::pair<Value, Value>> items;
   bool is_namespace = false;
+  bool is_loop = false;  // a loop object: namespace-like for printing, but read-only
   const Value* Find(const Value& key) const;
   void Set(const Value& key, Value v);
 };
@@ -1771,6 +1772,11 @@ std::vector<Str> Split(const Str& s, const Str* sep, int64_t maxsplit, bool from
 class Renderer {
  public:
   Renderer(const Options& opts) : opts_(opts) {}
+  ~Renderer() {
+    for (const std::shared_ptr<Dict>& d : namespaces_) d->items.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   Output Run(const Node* root, const nlohmann::ordered_json& context) {
     frames_.emplace_back();
@@ -1841,7 +1847,7 @@ class Renderer {
       frames_.back()[target->name] = v;
     } else if (target->kind == NK::kAttr) {
       Value obj = Eval(target->kids[0].get());
-      if (obj.k != Value::kDict || !obj.d->is_namespace)
+      if (obj.k != Value::kDict || !obj.d->is_namespace || obj.d->is_loop)
         Fail(target->line, "can only assign attributes of namespace objects");
       obj.d->Set(Value::Text(target->name), v);
     } else if (target->kind == NK::kTuple) {
@@ -2005,6 +2011,7 @@ class Renderer {
       if (i + 1 < len) set("nextitem", items[i + 1]);
       Value loop_value = MakeDict(std::move(loop));
       loop_value.d->is_namespace = true;  // attribute access only, prints like an object
+      loop_value.d->is_loop = true;
       frames_.back()["loop"] = loop_value;
       if (ExecBody(n->kids[3].get()) == Flow::kBreak) break;
     }
@@ -2523,7 +2530,14 @@ class Renderer {
       }
       for (const auto& [k, v] : kwargs) d.Set(Value::Text(k), v);
       d.is_namespace = name == "namespace";
-      return MakeDict(std::move(d));
+      Value made = MakeDict(std::move(d));
+      if (made.d->is_namespace) {
+        // The only mutable objects, so every reference cycle (ns.x = ns, ns.x = [ns], ...) runs
+        // through one: ~Renderer empties them all, or the cycle would outlive the render.
+        if (namespaces_.size() >= kMaxNamespaces) Fail(line, "too many namespace() objects");
+        namespaces_.push_back(made.d);
+      }
+      return made;
     }
     Fail(line, "unknown function '" + name + "'");
   }
@@ -3196,7 +3210,10 @@ class Renderer {
     Fail(line, "unsupported test '" + name + "'");
   }
 
+  static constexpr size_t kMaxNamespaces = 100000;  // real templates make one or two
+
   const Options& opts_;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
   int64_t steps_ = 0;
   int depth_ = 0;
   // frames_[0]: globals, [1]: the context and top-level variables; then loop and macro frames.
