@@ -238,14 +238,15 @@ void Truncate(RenderedChat* r, size_t n) {
 // The conversation as transformers passes it to a template: OpenAI-style messages (tool calls
 // with their arguments as an object, reasoning as reasoning_content), tools as
 // {"type": "function", "function": {...}}, bos_token and eos_token.
-nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+// messages[0, n) only.
+nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages, size_t n,
                                        const ChatRenderOptions& opts, bool add_generation_prompt) {
   using J = nlohmann::ordered_json;
   J msgs = J::array();
-  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const bool has_system = n > 0 && messages[0].role == "system";
   if (!has_system && !opts.system_suffix.empty())
     msgs.push_back(J{{"role", "system"}, {"content", opts.system_suffix}});
-  for (size_t i = 0; i < messages.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const ChatMessage& m = messages[i];
     J o = J::object();
     o["role"] = m.role;
@@ -293,10 +294,10 @@ RenderedChat RenderTemplate(const gguf::GgufFile& f, const std::vector<ChatMessa
   // right after that message's content (what transformers' continue_final_message does).
   const bool open_last = opts.continue_final && !messages.empty() && messages.back().role == "assistant" &&
                          !messages.back().content.empty();
-  std::vector<ChatMessage> msgs = messages;
-  if (opts.continue_final && !open_last && !msgs.empty() && msgs.back().role == "assistant") msgs.pop_back();
+  size_t n = messages.size();  // an empty final assistant message to continue: a generation prompt
+  if (opts.continue_final && !open_last && n > 0 && messages[n - 1].role == "assistant") --n;
   Result<jinja::Output> r =
-      t->Render(TemplateContext(f, msgs, opts, opts.add_generation_prompt && !open_last), jinja::Options{});
+      t->Render(TemplateContext(f, messages, n, opts, opts.add_generation_prompt && !open_last), jinja::Options{});
   if (!r.ok()) {
     out.error = r.status().message();
     return out;

@@ -11,6 +11,8 @@
 #include <map>
 #include <unordered_map>
 
+#include "model/unicode.h"
+
 namespace mr::jinja {
 namespace {
 
@@ -632,24 +634,6 @@ std::string NormalizeNewlines(std::string_view s) {
   return out;
 }
 
-void AppendUtf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 class Lexer {
  public:
   explicit Lexer(std::string_view src) : src_(src) {
@@ -850,7 +834,7 @@ class Lexer {
         }
         n += len;
         if (cp > 0x10FFFF) Fail(line_, "invalid escape in string literal");
-        AppendUtf8(out, cp);
+        unicode::AppendUtf8(cp, &out);
       };
       switch (e) {
         case 'n':
