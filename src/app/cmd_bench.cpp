@@ -332,6 +332,7 @@ Result<json> BenchModel(const std::string& name, const std::string& path, const 
   jm["arch"] = m0.config().arch_name;
   jm["weight_bytes"] = m0.weight_bytes();
   jm["cpu_variant"] = CpuVariantName(m0.cpu_variant());
+  jm["acts"] = FineActsName(m0.fine_acts());
 
   // Prompt ids: the model's tokenizer over repeated prose, BOS as the model asks for it.
   std::string text;

@@ -47,6 +47,7 @@ struct Config {
   CpuVariant cpu = SelectedCpuVariant();
   int threads = 0;  // 0: default
   WeightMode weights = DefaultWeightMode();
+  uint8_t fine_acts = DefaultFineActs();
 };
 
 // "path=ref|fast,cpu=scalar|avx2|avx512,threads=N,weights=native|q8g64" (any subset, any order).
@@ -59,7 +60,7 @@ Result<Config> ParseConfig(const std::string& spec) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
       return InvalidArgument("CONFIG '" + spec + "': item '" + item +
-                             "' is not KEY=VALUE (keys: path, cpu, threads, weights)");
+                             "' is not KEY=VALUE (keys: path, cpu, threads, weights, acts)");
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "path") {
@@ -91,8 +92,16 @@ Result<Config> ParseConfig(const std::string& spec) {
         return InvalidArgument("CONFIG '" + spec + "': weights must be native or q8g64, got '" + value + "'");
       }
       c.weights = value == "native" ? WeightMode::kNative : WeightMode::kQ8G64;
+    } else if (key == "acts") {
+      if (!ParseFineActs(value, &c.fine_acts)) {
+        return InvalidArgument("CONFIG '" + spec +
+                               "': acts must be int8, fine or a '+' list of qkv, o, glu, down, "
+                               "logits, got '" +
+                               value + "'");
+      }
     } else {
-      return InvalidArgument("CONFIG '" + spec + "': unknown key '" + key + "' (keys: path, cpu, threads, weights)");
+      return InvalidArgument("CONFIG '" + spec + "': unknown key '" + key +
+                             "' (keys: path, cpu, threads, weights, acts)");
     }
   }
   return c;
@@ -212,6 +221,7 @@ json ConfigJson(const Config& c, const Model& m, double seconds) {
           {"cpu", CpuVariantName(m.cpu_variant())},
           {"threads", m.n_threads()},
           {"weights", WeightModeName(m.weight_mode())},
+          {"acts", m.ref_path() ? "fp32" : FineActsName(m.fine_acts())},
           {"forward_seconds", seconds}};
 }
 
@@ -219,7 +229,8 @@ int Likelihood(const Args& args) {
   Cli cli("qualify likelihood",
           "Perplexity of a candidate configuration against a reference on held-out text, with a "
           "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
-          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N, weights=native|q8g64");
+          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N, weights=native|q8g64, "
+          "acts=int8|fine|ROLE+...");
   CLI::App& app = cli.app();
   std::string model_arg, ref_spec, cand_spec, json_path, data_dir, text_arg;
   int n_windows = 16, n_pos = 2048, chunk = 128, n_boot = 2000;
@@ -271,6 +282,7 @@ int Likelihood(const Args& args) {
     lo.cpu = cfgs[i]->cpu;
     lo.n_threads = cfgs[i]->threads;
     lo.weights = cfgs[i]->weights;
+    lo.fine_acts = cfgs[i]->fine_acts;
     auto m = Model::Load(path, lo);
     if (!m.ok()) {
       std::fprintf(stderr, "mererun qualify: %s\n", m.status().message().c_str());

@@ -22,7 +22,7 @@ Status Bad(const char* name, const std::string& value, const char* allowed) {
   return InvalidArgument(std::string(name) + "='" + value + "' is not valid; allowed: " + allowed);
 }
 
-constexpr const char* kControls[] = {"MERERUN_THREADS", "MERERUN_CPU",   "MERERUN_WEIGHTS",
+constexpr const char* kControls[] = {"MERERUN_THREADS", "MERERUN_CPU",   "MERERUN_WEIGHTS",     "MERERUN_ACTS",
                                      "MERERUN_PATH",    "MERERUN_DRAFT", "MERERUN_DRAFT_TOKENS"};
 
 }  // namespace
@@ -56,6 +56,12 @@ Status ApplyEnvironment() {
     WeightMode w;
     if (!ParseWeightMode(v, &w)) return Bad("MERERUN_WEIGHTS", v, "native, q8g64");
     SetDefaultWeightMode(w);
+  }
+  if (std::string v = Get("MERERUN_ACTS"); !v.empty()) {
+    uint8_t roles = 0;
+    if (!ParseFineActs(v, &roles))
+      return Bad("MERERUN_ACTS", v, "int8, fine, or a '+' list of qkv, o, glu, down, logits");
+    SetDefaultFineActs(roles);
   }
   if (std::string v = Get("MERERUN_PATH"); !v.empty()) {
     if (v != "ref" && v != "fast") return Bad("MERERUN_PATH", v, "fast, ref");

@@ -5,6 +5,8 @@
 //   MERERUN_THREADS        N >= 1                                  compute threads (default: physical cores)
 //   MERERUN_CPU            scalar | avx2 | avx512                  kernel variant (default: the best supported)
 //   MERERUN_WEIGHTS        native | q8g64                          weight layout (default native)
+//   MERERUN_ACTS           int8 | fine | ROLE+ROLE+...             matrices whose input is read as two int8
+//                          (roles: qkv, o, glu, down, logits)      rows, ~15 bits (model.h ActRole; default down)
 //   MERERUN_PATH           fast | ref                              forward path (default fast)
 //   MERERUN_DRAFT          off | ngram | model | chain | model:NAME | ngram+model:NAME
 //   MERERUN_DRAFT_TOKENS   auto | auto:KMAX | N                    (spec_config.h)

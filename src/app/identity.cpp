@@ -48,6 +48,7 @@ Result<ReplicaIdentity> MakeReplicaIdentity(const Model& m, const ReplicaSetting
                {"file_bytes", m.file().file_size()},
                {"file_digest", *digest},
                {"weights", WeightModeName(m.weight_mode())},
+               {"acts", FineActsName(m.fine_acts())},
                {"path", m.ref_path() ? "ref" : "fast"},
                {"n_ctx", s.n_ctx},
                {"max_output_tokens", s.max_output_tokens},

@@ -47,6 +47,7 @@ const KernelTable kScalar = {
     &ref::MatmulQ8Tiles,
     &ref::MatmulQ8GluTiles,
     &ref::AttentionGqa,
+    &ref::Glu,
     {&ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles,
      &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles},
     {&ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles,
@@ -57,18 +58,20 @@ const KernelTable kAvx2 = {
     &x86::MatmulQ8Avx2,
     &x86::MatmulQ8GluAvx2,
     &x86::AttentionGqaAvx2,
+    &x86::GluAvx2,
     {&x86::MatmulQ4KAvx2, &x86::MatmulQ6KAvx2, &x86::MatmulQ50Avx2, &x86::MatmulQ41Avx2, &x86::MatmulQ80Avx2,
      &x86::MatmulQ40Avx2, &x86::MatmulQ5KAvx2, &x86::MatmulF16Avx2, &x86::MatmulBF16Avx2},
     {&x86::MatmulQ4KGluAvx2, &x86::MatmulQ6KGluAvx2, &x86::MatmulQ50GluAvx2, &x86::MatmulQ41GluAvx2,
      &x86::MatmulQ80GluAvx2, &x86::MatmulQ40GluAvx2, &x86::MatmulQ5KGluAvx2, &x86::MatmulF16GluAvx2,
      &x86::MatmulBF16GluAvx2}};
-// AVX-512 machines have AVX2: activation quantization is shared.
+// AVX-512 machines have AVX2: activation quantization and the GLU are shared.
 const KernelTable kAvx512 = {
     CpuVariant::kAvx512,
     &x86::QuantizeActsAvx2,
     &x86::MatmulQ8Avx512,
     &x86::MatmulQ8GluAvx512,
     &x86::AttentionGqaAvx512,
+    &x86::GluAvx2,
     {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Avx512, &x86::MatmulQ41Avx512, &x86::MatmulQ80Avx512,
      &x86::MatmulQ40Avx512, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,

@@ -194,6 +194,28 @@ TEST_P(VariantTest, FusedGluMatchesReference) {
   }
 }
 
+// The GLU of outputs computed apart (KernelTable::glu, the fine-activation path): act(g) * u against
+// the scalar functions, on lengths with and without a vector tail, large |g| included (Exp8's clamp);
+// out may alias g.
+TEST_P(VariantTest, GluMatchesScalarActivations) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (GluAct act : {GluAct::kSilu, GluAct::kGeluTanh}) {
+    for (int64_t n : {1, 7, 8, 13, 64, 101}) {
+      auto g = RandomVec(n, 11 + n, 6.0f), u = RandomVec(n, 12 + n);
+      g[0] = 95.0f;
+      if (n > 1) g[n - 1] = -95.0f;
+      std::vector<float> y(n, -1.0f);
+      k.glu(g.data(), u.data(), n, act, y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = (act == GluAct::kSilu ? ref::Silu(g[i]) : ref::GeluTanh(g[i])) * u[i];
+        EXPECT_NEAR(y[i], want, 2e-6f * (1.0f + std::fabs(want))) << "n " << n << " i " << i << " g " << g[i];
+      }
+      k.glu(g.data(), u.data(), n, act, g.data());  // in place
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(g[i], y[i]) << "in place, n " << n << " i " << i;
+    }
+  }
+}
+
 // A KV head's cache of n_pos positions (K and V of two heads, the second one used) and query rows.
 struct AttnCase {
   int64_t hd, n_q, n_rows, n_pos;

@@ -72,6 +72,9 @@ struct KernelTable {
   // which greedy speculative decoding relies on); each K/V block is read and converted once for
   // every row and query head of the chunk. scratch: AttentionScratchFloats(n_rows, n_q, hd) floats.
   void (*attention)(const AttnChunk& a, float* scratch);
+  // out[i] = act(g[i]) * u[i] for i < n: the GLU of gate and up outputs computed apart (the fast
+  // path's fine activations, model.h ActRole); out may alias g or u.
+  void (*glu)(const float* g, const float* u, int64_t n, GluAct act, float* out);
   // Native K-quant kernels (kquant.h), indexed by KFormat, over output tiles [t_begin, t_end) of
   // kKTile = 16 outputs (only real outputs are written). x: rows [0, n_rows) quantized, with
   // ComputeSums done (the Q4_K minimum and Q6_K offset terms use the activation sums). Same

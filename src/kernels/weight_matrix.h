@@ -40,6 +40,8 @@ struct WeightMatrix {
   WeightFormat format = WeightFormat::kQ8G64;
   QMatrix q8;  // format kQ8G64 (packed)
   KMatrix k;   // native formats
+  // The fast path reads this matrix's input as two int8 rows (model.h ActRole; not for F16 / BF16).
+  bool fine_acts = false;
 
   bool native() const { return format != WeightFormat::kQ8G64; }
   // F16 / BF16: the kernels read the FP32 activations, not the int8 ones.

@@ -34,16 +34,21 @@ class FastOps final : public ForwardOps {
   // The normed input is quantized once for q, k and v, and the three projections are one parallel
   // op: the threads split the concatenated output tiles of the three matrices.
   void Qkv(const LayerWeights& L, const float* x, int64_t n, float* q, float* k, float* v) override {
-    Quantize(x, n, L.wq.cols(), !(L.wq.float_format() && L.wk.float_format() && L.wv.float_format()));
+    Quantize(x, n, L.wq.cols(), !(L.wq.float_format() && L.wk.float_format() && L.wv.float_format()),
+             L.wq.fine_acts || L.wk.fine_acts || L.wv.fine_acts);
     const int64_t tq = L.wq.tiles(), tk = L.wk.tiles(), tv = L.wv.tiles();
+    if (qa_.n_rows > n) ReserveFine(n, L.wq.rows() + L.wk.rows() + L.wv.rows());
+    float* fq = FineScratch(L.wq, n, 0);
+    float* fk = FineScratch(L.wk, n, L.wq.rows());
+    float* fv = FineScratch(L.wv, n, L.wq.rows() + L.wk.rows());
     pool_.ParallelForDynamic(tq + tk + tv, TileChunk(tq + tk + tv), [&](int64_t b, int64_t e, int) {
-      auto part = [&](const WeightMatrix& w, int64_t off, float* y) {
+      auto part = [&](const WeightMatrix& w, int64_t off, float* y, float* fine) {
         const int64_t lo = std::max(b, off) - off, hi = std::min(e, off + w.tiles()) - off;
-        if (hi > lo) MatmulTiles(k_, w, qa_, n, y, w.rows(), lo, hi);
+        if (hi > lo) Tiles(w, n, y, fine, lo, hi);
       };
-      part(L.wq, 0, q);
-      part(L.wk, tq, k);
-      part(L.wv, tq + tk, v);
+      part(L.wq, 0, q, fq);
+      part(L.wk, tq, k, fk);
+      part(L.wv, tq + tk, v, fv);
     });
   }
 
@@ -129,38 +134,104 @@ class FastOps final : public ForwardOps {
   }
 
   void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) override {
-    Quantize(x, n, w.cols(), !w.float_format());
+    Quantize(x, n, w.cols(), !w.float_format(), w.fine_acts);
+    if (w.fine_acts) ReserveFine(n, w.rows());
+    float* fine = FineScratch(w, n, 0);
     pool_.ParallelForDynamic(w.tiles(), TileChunk(w.tiles()),
-                             [&](int64_t b, int64_t e, int) { MatmulTiles(k_, w, qa_, n, y, w.rows(), b, e); });
+                             [&](int64_t b, int64_t e, int) { Tiles(w, n, y, fine, b, e); });
   }
 
-  // Gate and up projections with the GLU in one pass.
+  // Gate and up projections with the GLU in one pass. Fine activations: gate and up each over
+  // both int8 rows, summed, then the GLU.
   void Glu(const WeightMatrix& gate, const WeightMatrix& up, const float* x, int64_t n, GluAct act,
            float* out) override {
-    Quantize(x, n, gate.cols(), !gate.float_format());
+    const bool fine = gate.fine_acts || up.fine_acts;
+    Quantize(x, n, gate.cols(), !gate.float_format(), fine);
+    if (!fine) {
+      pool_.ParallelForDynamic(gate.tiles(), TileChunk(gate.tiles()), [&](int64_t b, int64_t e, int) {
+        MatmulGluTiles(k_, gate, up, qa_, n, act, out, gate.rows(), b, e);
+      });
+      return;
+    }
+    const int64_t rows = gate.rows();
+    ReserveFine(n, 2 * rows);
+    float* g = FineScratch(gate, n, 0);
+    float* u = FineScratch(up, n, rows);
     pool_.ParallelForDynamic(gate.tiles(), TileChunk(gate.tiles()), [&](int64_t b, int64_t e, int) {
-      MatmulGluTiles(k_, gate, up, qa_, n, act, out, gate.rows(), b, e);
+      Tiles(gate, n, g, g, b, e);
+      Tiles(up, n, u, u, b, e);
+      const auto [o0, o1] = TileOutputs(gate, b, e);
+      for (int64_t r = 0; r < n; ++r) k_.glu(g + r * rows + o0, u + r * rows + o0, o1 - o0, act, out + r * rows + o0);
     });
   }
 
  private:
   // x (n, cols) -> qa_: int8 per row and kActGroup inputs, plus the activation sums when
   // native K-quant matrices read them; x itself for the F16 / BF16 matrices. int8: false when every
-  // matrix of the op is F16 / BF16 (they read x only).
-  void Quantize(const float* x, int64_t n, int64_t cols, bool int8) {
-    qa_.Resize(n, cols);
+  // matrix of the op is F16 / BF16 (they read x only). fine: rows [n, 2n) of qa_ get the int8
+  // quantization of what rows [0, n) leave over, x - scale·q (model.h ActRole).
+  void Quantize(const float* x, int64_t n, int64_t cols, bool int8, bool fine) {
+    qa_.Resize(fine ? 2 * n : n, cols);
     qa_.x = x;
     if (!int8) return;
     const int64_t groups = cols / kActGroup;
+    if (fine && res_.size() < static_cast<size_t>(n * cols)) res_.resize(static_cast<size_t>(n * cols));
+    auto rows = [&](int64_t b, int64_t e) {
+      int8_t* q = qa_.q.data();
+      float* s = qa_.scales.data();
+      k_.quantize_acts(x + b * cols, e - b, cols, q + b * cols, s + b * groups);
+      if (fine) {
+        for (int64_t gi = b * groups; gi < e * groups; ++gi) {  // group gi of the rows, kActGroup inputs
+          const float* xg = x + gi * kActGroup;
+          const int8_t* qg = q + gi * kActGroup;
+          float* rg = res_.data() + gi * kActGroup;
+          const float sc = s[gi];
+          for (int64_t i = 0; i < kActGroup; ++i) rg[i] = xg[i] - sc * static_cast<float>(qg[i]);
+        }
+        k_.quantize_acts(res_.data() + b * cols, e - b, cols, q + (n + b) * cols, s + (n + b) * groups);
+      }
+      if (sums_) {
+        qa_.ComputeSums(b, e);
+        if (fine) qa_.ComputeSums(n + b, n + e);
+      }
+    };
     if (n <= 8) {  // decode and verify: cheaper than a hand-off to the workers
-      k_.quantize_acts(x, n, cols, qa_.q.data(), qa_.scales.data());
-      if (sums_) qa_.ComputeSums(0, n);
+      rows(0, n);
       return;
     }
-    pool_.ParallelFor(n, [&](int64_t b, int64_t e, int) {
-      k_.quantize_acts(x + b * cols, e - b, cols, qa_.q.data() + b * cols, qa_.scales.data() + b * groups);
-      if (sums_) qa_.ComputeSums(b, e);
-    });
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e, int) { rows(b, e); });
+  }
+
+  // y (n, w.rows) for the outputs of tiles [b, e): the kernel over n rows of qa_, or with fine
+  // activations over its 2n rows into `fine` (2n, w.rows) and the two halves summed. y may be
+  // `fine` itself (the sums land in its first n rows).
+  void Tiles(const WeightMatrix& w, int64_t n, float* y, float* fine, int64_t b, int64_t e) {
+    const int64_t rows = w.rows();
+    if (!w.fine_acts) {
+      MatmulTiles(k_, w, qa_, n, y, rows, b, e);
+      return;
+    }
+    MatmulTiles(k_, w, qa_, 2 * n, fine, rows, b, e);
+    const auto [o0, o1] = TileOutputs(w, b, e);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = o0; o < o1; ++o) y[r * rows + o] = fine[r * rows + o] + fine[(n + r) * rows + o];
+    }
+  }
+
+  // The real outputs of tiles [b, e) of w.
+  static std::pair<int64_t, int64_t> TileOutputs(const WeightMatrix& w, int64_t b, int64_t e) {
+    const int64_t tile = w.native() ? kKTile : kQ8Tile;
+    return {b * tile, std::min(e * tile, w.rows())};
+  }
+
+  // Room in fine_y_ for fine matrices of `rows` outputs in all over 2n activation rows.
+  void ReserveFine(int64_t n, int64_t rows) {
+    if (fine_y_.size() < static_cast<size_t>(2 * n * rows)) fine_y_.resize(static_cast<size_t>(2 * n * rows));
+  }
+  // A fine matrix's (2n, w.rows) outputs at `offset` output rows x 2n into fine_y_ (ReserveFine
+  // made room; each matrix of an op gets its own range); nullptr when w is not fine.
+  float* FineScratch(const WeightMatrix& w, int64_t n, int64_t offset) {
+    return w.fine_acts ? fine_y_.data() + 2 * n * offset : nullptr;
   }
 
   // Matmul ops hand out their output tiles in chunks that the threads claim as they go (about 8
@@ -173,6 +244,8 @@ class FastOps final : public ForwardOps {
   const KernelTable& k_;
   const bool sums_;
   QActs qa_;                                              // the quantized input of the current op
+  std::vector<float> res_;                                // (n, cols) fine activations: x - scale·q
+  std::vector<float> fine_y_;                             // outputs of fine matrices over 2n rows
   std::vector<float> att_;                                // (threads, AttentionScratchFloats) attention scratch
   std::vector<int64_t> lo_, hi_;                          // (rows) the cache positions a row attends
   std::vector<std::pair<int64_t, int64_t>> chunks_;       // (first row, rows): attention chunks

@@ -15,7 +15,56 @@ namespace mr {
 namespace {
 std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
 std::atomic<bool> g_default_ref_path{false};
+std::atomic<uint8_t> g_default_fine_acts{0};
+constexpr std::pair<ActRole, const char*> kActRoleNames[] = {
+    {kActQkv, "qkv"}, {kActO, "o"}, {kActGlu, "glu"}, {kActDown, "down"}, {kActLogits, "logits"}};
 }  // namespace
+
+uint8_t DefaultFineActs() {
+  return g_default_fine_acts.load();
+}
+void SetDefaultFineActs(uint8_t roles) {
+  g_default_fine_acts.store(roles & kActAllRoles);
+}
+
+bool ParseFineActs(const std::string& name, uint8_t* roles) {
+  if (name == "int8") {
+    *roles = 0;
+    return true;
+  }
+  if (name == "fine") {
+    *roles = kActAllRoles;
+    return true;
+  }
+  uint8_t r = 0;
+  size_t at = 0;
+  while (at <= name.size()) {
+    const size_t comma = std::min(name.find('+', at), name.size());
+    const std::string item = name.substr(at, comma - at);
+    bool known = false;
+    for (const auto& [role, role_name] : kActRoleNames) {
+      if (item == role_name) {
+        r |= role;
+        known = true;
+      }
+    }
+    if (!known) return false;
+    at = comma + 1;
+  }
+  *roles = r;
+  return true;
+}
+
+std::string FineActsName(uint8_t roles) {
+  roles &= kActAllRoles;
+  if (roles == 0) return "int8";
+  if (roles == kActAllRoles) return "fine";
+  std::string s;
+  for (const auto& [role, role_name] : kActRoleNames) {
+    if (roles & role) s += (s.empty() ? "" : "+") + std::string(role_name);
+  }
+  return s;
+}
 
 WeightMode DefaultWeightMode() {
   return static_cast<WeightMode>(g_default_weights.load());
@@ -74,6 +123,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   m->ref_path_ = opts.ref_path || DefaultReferencePath();
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
   m->native_weights_ = opts.weights == WeightMode::kNative;
+  m->fine_acts_ = m->ref_path_ ? 0 : opts.fine_acts & kActAllRoles;
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
   if (opts.vocab_only) {
     m->vocab_only_ = true;
@@ -82,6 +132,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     return m;
   }
   MR_RETURN_IF_ERROR(m->LoadWeights());
+  m->MarkFineActs();
   if (m->ref_path_) {
     m->ops_ = NewRefOps(m->cfg_, *m->pool_, m->source_);
   } else {
@@ -89,11 +140,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   }
   MR_LOGI("model",
           "loaded %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), vocab %lld, %.1f MiB weights (%s: %lld "
-          "matrices native, rest q8/g64), %s path, %s, %d threads",
+          "matrices native, rest q8/g64), %s path, %s, activations %s, %d threads",
           path.c_str(), arch.c_str(), (long long)m->cfg_.n_layer, (long long)m->cfg_.d_model, (long long)m->cfg_.n_head,
           (long long)m->cfg_.n_head_kv, (long long)m->cfg_.n_vocab, m->weight_bytes() / 1048576.0,
           WeightModeName(m->weight_mode()), (long long)m->n_native_, m->ref_path_ ? "reference" : "fast",
-          CpuVariantName(m->kernels_->variant), m->pool_->size());
+          CpuVariantName(m->kernels_->variant), FineActsName(m->fine_acts_).c_str(), m->pool_->size());
   return m;
 }
 
@@ -333,6 +384,21 @@ Status Model::LoadMatrixFrom(const gguf::TensorInfo& tensor, bool allow_native, 
   }
   f.ReleasePages(*t);
   return Status::Ok();
+}
+
+void Model::MarkFineActs() {
+  auto mark = [&](WeightMatrix& w, ActRole role) { w.fine_acts = (fine_acts_ & role) != 0 && !w.float_format(); };
+  for (LayerWeights& L : w_.layers) {
+    for (WeightMatrix* w : {&L.wq, &L.wk, &L.wv}) mark(*w, kActQkv);
+    mark(L.wo, kActO);
+    for (WeightMatrix* w : {&L.w_gate, &L.w_up}) mark(*w, kActGlu);
+    mark(L.w_down, kActDown);
+    for (auto* experts : {&L.exp_gate, &L.exp_up}) {
+      for (WeightMatrix& w : *experts) mark(w, kActGlu);
+    }
+    for (WeightMatrix& w : L.exp_down) mark(w, kActDown);
+  }
+  mark(cfg_.tied_embeddings ? w_.tok_embd : w_.output, kActLogits);
 }
 
 Status Model::LoadWeights() {

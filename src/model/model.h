@@ -108,6 +108,28 @@ bool DefaultReferencePath();
 void SetDefaultReferencePath(bool ref);
 const char* WeightModeName(WeightMode m);  // "native" or "q8g64"
 
+// Activation precision of the fast path, by matrix role. Every integer matrix (all but F16 /
+// BF16, which read FP32) reads its input quantized to int8 per kActGroup inputs. A role in the
+// "fine" set reads it as two int8 rows instead: the int8 row and the int8 quantization of what it
+// left over (x = s·q + s'·q' + e, s' <= s/254, about 15 bits), the two rows run through the same
+// weight loads and summed. One row costs little more (decode is bound by the weight stream); 8
+// verify rows cost up to twice the arithmetic on the roles chosen.
+enum ActRole : uint8_t {
+  kActQkv = 1,     // q, k, v projections (input: the normed hidden state)
+  kActO = 2,       // attention output projection
+  kActGlu = 4,     // gate and up projections (dense and experts)
+  kActDown = 8,    // down projection (input: the GLU's output, where outliers live)
+  kActLogits = 16  // output projection
+};
+constexpr uint8_t kActAllRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
+// The default set unless SetDefaultFineActs chose another (app/ maps MERERUN_ACTS onto it).
+uint8_t DefaultFineActs();
+void SetDefaultFineActs(uint8_t roles);
+// "int8" (no role), "fine" (every role) or a '+' list of qkv, o, glu, down, logits; false for
+// anything else.
+bool ParseFineActs(const std::string& name, uint8_t* roles);
+std::string FineActsName(uint8_t roles);  // the canonical spelling ParseFineActs accepts
+
 struct LoadOptions {
   int n_threads = 0;  // 0: ThreadPool::DefaultThreads()
   // Reference path (MERERUN_PATH=ref sets it): FP32 activations against the GGUF weights
@@ -115,6 +137,7 @@ struct LoadOptions {
   bool ref_path = false;
   CpuVariant cpu = SelectedCpuVariant();
   WeightMode weights = DefaultWeightMode();
+  uint8_t fine_acts = DefaultFineActs();  // ActRole set read as two int8 rows
   // Metadata, hyperparameters and tokenizer only, no weights (weight_bytes() 0): for what only
   // tokenizes or renders (the fuzz targets). Forward and ForwardBatch refuse such a model.
   bool vocab_only = false;
@@ -135,6 +158,7 @@ class Model {
   CpuVariant cpu_variant() const { return kernels_->variant; }
   int n_threads() const { return pool_->size(); }
   WeightMode weight_mode() const { return native_weights_ ? WeightMode::kNative : WeightMode::kQ8G64; }
+  uint8_t fine_acts() const { return fine_acts_; }  // LoadOptions::fine_acts (fast path only)
 
   KvCache NewKvCache(int64_t n_ctx) const;
 
@@ -161,6 +185,7 @@ class Model {
  private:
   Model();
   Status LoadWeights();
+  void MarkFineActs();  // sets WeightMatrix::fine_acts by role from fine_acts_
   Status LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out);
   Status LoadMatrixFrom(const gguf::TensorInfo& t, bool allow_native, WeightMatrix* out);
   const gguf::TensorInfo& RowView(const gguf::TensorInfo& t, const std::string& name, int64_t row0, int64_t rows);
@@ -193,6 +218,7 @@ class Model {
   // fused q/k/v and gate/up); the reference path reads them as tensors.
   std::vector<std::unique_ptr<gguf::TensorInfo>> tensor_views_;
   bool native_weights_ = true;  // LoadOptions::weights == kNative
+  uint8_t fine_acts_ = 0;       // LoadOptions::fine_acts; 0 on the reference path
   int64_t n_native_ = 0;        // matrices in a native K-quant format (their kernels read activation sums)
 };
 

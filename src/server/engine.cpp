@@ -35,6 +35,7 @@ uint64_t CacheConfigKey(const Model& m) {
   mix(std::to_string(m.file().file_size()));
   mix(m.ref_path() ? "ref" : "fast");
   mix(WeightModeName(m.weight_mode()));
+  mix(FineActsName(m.fine_acts()));
   mix(std::to_string(static_cast<int>(m.cpu_variant())));
   mix(std::to_string(kActGroup));
   return h;

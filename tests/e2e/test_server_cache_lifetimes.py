@@ -146,7 +146,8 @@ def test_numerics_controls_never_share_a_cached_prefix(mererun_bin, model_path, 
     other_cpu = "avx2" if " avx512vnni" in flags or " avx512_vnni" in flags else "scalar"
     first = run({"MERERUN_THREADS": "2"}, wait_written=True)
     assert first.usage.cache_read_input_tokens == 0
-    for env in ({"MERERUN_WEIGHTS": "q8g64"}, {"MERERUN_CPU": other_cpu}, {"MERERUN_PATH": "ref"}):
+    for env in ({"MERERUN_WEIGHTS": "q8g64"}, {"MERERUN_CPU": other_cpu}, {"MERERUN_PATH": "ref"},
+                {"MERERUN_ACTS": "fine"}):
         msg = run({"MERERUN_THREADS": "2", **env})
         assert msg.usage.cache_read_input_tokens == 0, (env, msg.usage)
     same = run({"MERERUN_THREADS": "1"})

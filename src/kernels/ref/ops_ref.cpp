@@ -245,4 +245,8 @@ float GeluTanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
 }
 
+void Glu(const float* g, const float* u, int64_t n, GluAct act, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (act == GluAct::kSilu ? Silu(g[i]) : GeluTanh(g[i])) * u[i];
+}
+
 }  // namespace mr::ref

@@ -49,5 +49,7 @@ void Rope(float* v, int64_t head_dim, int64_t pos, float freq_base, bool neox, c
 void Softmax(float* x, int64_t n);
 float Silu(float x);
 float GeluTanh(float x);  // 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))
+// out[i] = act(g[i]) * u[i] (KernelTable::glu).
+void Glu(const float* g, const float* u, int64_t n, GluAct act, float* out);
 
 }  // namespace mr::ref

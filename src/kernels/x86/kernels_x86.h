@@ -16,6 +16,7 @@ void MatmulQ8GluAvx2(const QMatrix& gate, const QMatrix& up, const int8_t* xq, c
 void AttentionGqaAvx2(const AttnChunk& a, float* scratch);
 void AttentionGqaAvx512(const AttnChunk& a, float* scratch);
 void QuantizeActsAvx2(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
+void GluAvx2(const float* g, const float* u, int64_t n, GluAct act, float* out);
 
 void MatmulQ8Avx512(const QMatrix& w, const int8_t* xq, const float* xs, int64_t n_rows, float* y, int64_t ldy,
                     int64_t t_begin, int64_t t_end);

@@ -32,6 +32,20 @@ void MatmulQ8GluAvx2(const QMatrix& gate, const QMatrix& up, const int8_t* xq, c
   MatmulGluTiles<Avx2Isa>(gate, up, xq, xs, n_rows, act, y, ldy, t_begin, t_end);
 }
 
+void GluAvx2(const float* g, const float* u, int64_t n, GluAct act, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Glu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i), act));
+  if (i < n) {  // the tail through a zero-padded vector
+    alignas(32) float gt[8] = {}, ut[8] = {}, ot[8];
+    for (int64_t j = i; j < n; ++j) {
+      gt[j - i] = g[j];
+      ut[j - i] = u[j];
+    }
+    _mm256_store_ps(ot, Glu8(_mm256_load_ps(gt), _mm256_load_ps(ut), act));
+    for (int64_t j = i; j < n; ++j) out[j] = ot[j - i];
+  }
+}
+
 void QuantizeActsAvx2(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales) {
   constexpr int kVecs = kActGroup / 8;
   const int64_t groups = cols / kActGroup;
