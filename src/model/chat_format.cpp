@@ -277,6 +277,7 @@ nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vecto
     ctx["tools"] = std::move(tools);
   }
   ctx["add_generation_prompt"] = add_generation_prompt;
+  if (opts.enable_thinking.has_value()) ctx["enable_thinking"] = *opts.enable_thinking;
   ctx["bos_token"] = SpecialTokenText(f, "tokenizer.ggml.bos_token_id");
   ctx["eos_token"] = SpecialTokenText(f, "tokenizer.ggml.eos_token_id");
   return ctx;
@@ -392,6 +393,11 @@ const ToolCallMarkup& ToolCallMarkupFor(ChatFamily /*family*/) {
 const ReasoningMarkup& ReasoningMarkupFor(ChatFamily /*family*/) {
   static const ReasoningMarkup kThinkTags;
   return kThinkTags;
+}
+
+bool HasNativeReasoning(const gguf::GgufFile& f) {
+  const std::optional<std::string> t = f.GetString("tokenizer.chat_template");
+  return t && t->find("enable_thinking") != std::string::npos;
 }
 
 std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name) {

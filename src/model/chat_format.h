@@ -12,6 +12,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,11 @@ struct ToolCallMarkup {
 };
 const ToolCallMarkup& ToolCallMarkupFor(ChatFamily family);
 
-// The family's prompted-reasoning convention (these models have no reasoning of their own: the
-// server asks for it in the system prompt and opens the section; every family here uses <think>).
+// The family's reasoning convention (every family here uses <think>). Most models have no
+// reasoning of their own: the server asks for it in the system prompt and opens the section.
+// Models that reason natively (HasNativeReasoning: Qwen3) are not told; the server opens the
+// section when thinking is on and, when it is off, opens the turn with an empty section (`skip`),
+// which is what their template renders for enable_thinking=false.
 struct ReasoningMarkup {
   std::string open_tag = "<think>";      // how the model itself opens a section (adaptive thinking)
   std::string open = "<think>\n";        // the assistant turn starts with it when reasoning is prompted
@@ -79,8 +83,11 @@ struct ReasoningMarkup {
   std::string close = "\n</think>\n\n";  // injected when the budget is spent; after replayed reasoning
   std::string instruction =              // appended to the system prompt
       "\n\nBefore you answer, think step by step inside <think></think> tags; then write your answer.";
+  std::string skip = "<think>\n\n</think>\n\n";  // native reasoning, thinking off
 };
 const ReasoningMarkup& ReasoningMarkupFor(ChatFamily family);
+// The model's template takes `enable_thinking` (Qwen3, SmolLM3): it reasons without being asked.
+bool HasNativeReasoning(const gguf::GgufFile& f);
 
 struct ChatRenderOptions {
   std::vector<ChatTool> tools;
@@ -94,6 +101,8 @@ struct ChatRenderOptions {
   // kTemplate: false renders without opening the assistant turn (the template's
   // add_generation_prompt); the hand-written families always open it.
   bool add_generation_prompt = true;
+  // kTemplate: the template's `enable_thinking` (models with native reasoning); unset: not passed.
+  std::optional<bool> enable_thinking;
 };
 
 ChatFamily DetectChatFamily(const gguf::GgufFile& f);

@@ -262,9 +262,21 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   }
   const ReasoningMarkup& reasoning = ReasoningMarkupFor(sm.family);
   const bool prompted_reasoning = req.thinking_budget > 0 && !req.thinking_adaptive;
+  const bool native_reasoning = HasNativeReasoning(sm.model->file());
   if (prompted_reasoning) {
-    req.render.system_suffix += reasoning.instruction;
+    if (!native_reasoning) req.render.system_suffix += reasoning.instruction;
     req.render.assistant_prefix += reasoning.open;
+  }
+  if (native_reasoning) {
+    // Thinking off: the template's own empty section (kTemplate renders it from enable_thinking;
+    // the hand-written formats get it here), so the model answers at once instead of reasoning
+    // into the answer. Not after an assistant turn the client started (continue_final).
+    const bool thinking = req.thinking_budget > 0;
+    if (sm.family == ChatFamily::kTemplate) {
+      req.render.enable_thinking = thinking;
+    } else if (!thinking && !req.render.continue_final) {
+      req.render.assistant_prefix += reasoning.skip;
+    }
   }
   const bool forced =
       req.parse_tool_calls && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);

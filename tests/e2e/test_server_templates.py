@@ -149,3 +149,33 @@ def test_a_template_that_refuses_gets_a_400_and_the_server_keeps_serving(mererun
         assert status == 200 and health["active"] == 0
     finally:
         s.stop()
+
+
+def test_qwen3_native_reasoning_follows_the_thinking_switch(mererun_bin, model_path, tmp_path):
+    """Qwen3's template takes enable_thinking: the model reasons without being told. The server
+    does not add its prompted-reasoning instruction for it; with thinking off it opens the turn
+    with the template's empty <think> section (the model answers at once), with thinking on it
+    opens the section. Both prompts must be exactly what jinja2 renders from Qwen3's own template
+    (SmolLM2 shares its ChatML tokens, so the server uses its ChatML format for the file)."""
+    template, s = _serve(mererun_bin, model_path, tmp_path, "Qwen-Qwen3-0.6B.jinja",
+                         env={"MERERUN_LOG": "debug"})
+    try:
+        messages = [{"role": "user", "content": "Name a colour."}]
+        off = {"model": "m", "max_tokens": 4, "temperature": 0, "messages": messages}
+        r = requests.post(s.base_url + "/v1/messages", json=off, timeout=120)
+        assert r.status_code == 200, r.text
+        assert all(b["type"] == "text" for b in r.json()["content"]), r.json()
+        want_off = jinja2_render(template, messages, add_generation_prompt=True, enable_thinking=False)
+        assert want_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), want_off
+        log = s.log()
+        assert "prompt:\n" + want_off in log, log[-3000:]
+        on = {"model": "m", "messages": messages, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        r = requests.post(s.base_url + "/v1/messages/count_tokens", json=on, timeout=60)
+        assert r.status_code == 200, r.text
+        want_on = jinja2_render(template, messages, add_generation_prompt=True, enable_thinking=True)
+        assert want_on.endswith("<|im_start|>assistant\n"), want_on
+        log = s.log()
+        assert "prompt:\n" + want_on + "<think>\n" in log, log[-3000:]
+        assert "think step by step" not in log  # the prompted-reasoning instruction is not added
+    finally:
+        s.stop()
