@@ -287,6 +287,134 @@ void DequantizeKRow(const KMatrix& m, int64_t o, float* dst) {
   }
 }
 
+namespace {
+
+void StoreF16(float v, uint8_t* p) {
+  const uint16_t h = F32ToF16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// block_q8_0: d = amax / 127, q = round(x / d) (ggml's quantize_row_q8_0_ref).
+void QuantQ80Block(const float* x, uint8_t* y) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  StoreF16(d, y);
+  for (int i = 0; i < 32; ++i) y[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * id)));
+}
+
+// block_q4_K: sub-block j (32 inputs) spans [a, b] with a = min(0, min x); its scale (b - a) / 15
+// and min -a become 6-bit multiples of the block's d and dmin (the largest over 63), and
+// q = round((x + dmin * m) / (d * sc)) in 0..15. DequantQ4KBlock's layout in reverse.
+void QuantQ4KBlock(const float* x, uint8_t* y) {
+  float scale[8], mn[8], max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    float a = 0, b = x[32 * j];
+    for (int i = 0; i < 32; ++i) {
+      a = std::min(a, x[32 * j + i]);
+      b = std::max(b, x[32 * j + i]);
+    }
+    scale[j] = std::max(b - a, 0.0f) / 15.0f;
+    mn[j] = -a;
+    max_scale = std::max(max_scale, scale[j]);
+    max_min = std::max(max_min, mn[j]);
+  }
+  StoreF16(max_scale / 63.0f, y);
+  StoreF16(max_min / 63.0f, y + 2);
+  const float d = LoadF16(y), dmin = LoadF16(y + 2);  // what a reader gets back
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0 ? static_cast<uint8_t>(std::min(63L, std::lround(scale[j] / d))) : 0;
+    // Round the min up so that x + dmin * m >= 0 stays true for the smallest input.
+    m[j] = dmin > 0 ? static_cast<uint8_t>(std::min(63.0f, std::ceil(mn[j] / dmin))) : 0;
+  }
+  uint8_t* s = y + 4;
+  std::memset(s, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      s[j] |= sc[j] & 63;
+      s[j + 4] |= m[j] & 63;
+    } else {
+      s[j + 4] |= static_cast<uint8_t>((sc[j] & 0x0F) | ((m[j] & 0x0F) << 4));
+      s[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      s[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+    }
+  }
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const float dj = d * sc[j], mj = dmin * m[j];
+    for (int i = 0; i < 32; ++i) {
+      const long v = dj > 0 ? std::lround((x[32 * j + i] + mj) / dj) : 0;
+      q[32 * j + i] = static_cast<uint8_t>(std::clamp(v, 0L, 15L));
+    }
+  }
+  uint8_t* qs = y + 16;
+  for (int k = 0; k < 4; ++k) {
+    for (int l = 0; l < 32; ++l) qs[32 * k + l] = static_cast<uint8_t>(q[64 * k + l] | (q[64 * k + 32 + l] << 4));
+  }
+}
+
+// block_q6_K: sub-block s (16 inputs) gets scale amax / 31 as an int8 multiple of d (the largest
+// over 127); q = round(x / (d * sc)) in -32..31, stored + 32. DequantQ6KBlock's layout in reverse:
+// half n, position l of its 32-input quarter m uses scale 8n + l / 16 + 2m.
+void QuantQ6KBlock(const float* x, uint8_t* y) {
+  float scale[16], max_scale = 0;
+  auto sub = [](int s, int k) { return 128 * (s / 8) + 32 * ((s % 8) / 2) + 16 * (s % 2) + k; };
+  for (int s = 0; s < 16; ++s) {
+    float amax = 0;
+    for (int k = 0; k < 16; ++k) amax = std::max(amax, std::fabs(x[sub(s, k)]));
+    scale[s] = amax / 31.0f;
+    max_scale = std::max(max_scale, scale[s]);
+  }
+  StoreF16(max_scale / 127.0f, y + 208);
+  const float d = LoadF16(y + 208);
+  int8_t* sc = reinterpret_cast<int8_t*>(y + 192);
+  uint8_t q[256];
+  for (int s = 0; s < 16; ++s) {
+    sc[s] = d > 0 ? static_cast<int8_t>(std::min(127L, std::lround(scale[s] / d))) : 0;
+    const float ds = d * sc[s];
+    for (int k = 0; k < 16; ++k) {
+      const long v = ds > 0 ? std::lround(x[sub(s, k)] / ds) : 0;
+      q[sub(s, k)] = static_cast<uint8_t>(std::clamp(v, -32L, 31L) + 32);
+    }
+  }
+  uint8_t* ql = y;
+  uint8_t* qh = y + 128;
+  for (int n = 0; n < 2; ++n) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t q1 = q[128 * n + l], q2 = q[128 * n + 32 + l], q3 = q[128 * n + 64 + l], q4 = q[128 * n + 96 + l];
+      ql[64 * n + l] = static_cast<uint8_t>((q1 & 15) | ((q3 & 15) << 4));
+      ql[64 * n + 32 + l] = static_cast<uint8_t>((q2 & 15) | ((q4 & 15) << 4));
+      qh[32 * n + l] = static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+    }
+  }
+}
+
+}  // namespace
+
+bool QuantizeKBlocks(KFormat f, const float* x, uint8_t* y, int64_t nb) {
+  const int64_t in = KSuperInputs(f), out = KSuperBytes(f);
+  for (int64_t b = 0; b < nb; ++b, x += in, y += out) {
+    switch (f) {
+      case KFormat::kQ4K:
+        QuantQ4KBlock(x, y);
+        break;
+      case KFormat::kQ6K:
+        QuantQ6KBlock(x, y);
+        break;
+      case KFormat::kQ8_0:
+        QuantQ80Block(x, y);
+        break;
+      case KFormat::kF16:
+        for (int i = 0; i < 32; ++i) StoreF16(x[i], y + 2 * i);
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
 void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += KSuperBytes(f), y += KSuperInputs(f)) {
     switch (f) {

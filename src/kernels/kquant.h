@@ -162,6 +162,12 @@ void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
 // (the GGUF reader, model/dequant.cpp, uses these too).
 void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb);
 
+// The inverse for writing files: nb * KSuperInputs(f) floats -> nb ggml blocks of format f, for
+// Q4_K, Q6_K, Q8_0 and F16 (false for the others). Plain round-to-nearest per block (Q8_0 is
+// ggml's quantize_row_q8_0_ref; Q4_K / Q6_K use each sub-block's range, not ggml's iterative
+// scale search, so they are valid files of those types at a little more error). Finite x only.
+bool QuantizeKBlocks(KFormat f, const float* x, uint8_t* y, int64_t nb);
+
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a Q4_K / Q5_K
 // block (ggml get_scale_min_k4): sub-blocks 0..3 keep their 6 bits in the low bits of bytes j
 // and j+4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j+4 and their top 2 bits
