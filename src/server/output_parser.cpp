@@ -129,6 +129,22 @@ void OutputParser::CompleteToolCall(const std::string& body, std::vector<ParsedE
   held_ws_.clear();
 }
 
+bool OutputParser::ParseBareToolCalls(const std::string& body, std::vector<ChatToolCall>* calls) const {
+  std::string why;
+  if (body.empty() || body[0] != '[') {
+    calls->emplace_back();
+    return ParseToolCall(body, opts_.tools, &calls->back(), &why);
+  }
+  // [{"name": ..., "arguments": ...}, ...]: every element must be a valid call, or it is all text.
+  const nlohmann::ordered_json a = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (a.is_discarded() || !a.is_array() || a.empty()) return false;
+  for (const auto& e : a) {
+    calls->emplace_back();
+    if (!e.is_object() || !ParseToolCall(e.dump(), opts_.tools, &calls->back(), &why)) return false;
+  }
+  return true;
+}
+
 void OutputParser::Feed(std::string_view text, std::vector<ParsedEvent>* out) {
   if (stopped_) return;
   buf_ += text;
@@ -180,7 +196,7 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
           while (i < buf_.size() && IsWs(buf_[i])) ++i;
           buf_.erase(0, i);
           if (buf_.empty()) return;
-          if (buf_[0] == '{') {
+          if (buf_[0] == '{' || buf_[0] == '[') {  // an object, or an array of them (Mistral's form)
             mode_ = Mode::kBareJson;
             tool_buf_.clear();
             json_depth_ = 0;
@@ -259,9 +275,9 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
               json_in_string_ = false;
           } else if (c == '"') {
             json_in_string_ = true;
-          } else if (c == '{') {
+          } else if (c == '{' || c == '[') {
             ++json_depth_;
-          } else if (c == '}') {
+          } else if (c == '}' || c == ']') {
             closed = --json_depth_ == 0;
           }
         }
@@ -271,12 +287,15 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         const std::string body = std::move(tool_buf_);
         tool_buf_.clear();
         mode_ = Mode::kContent;
-        ParsedEvent ev;
-        std::string why;
-        if (closed && ParseToolCall(body, opts_.tools, &ev.call, &why)) {
-          ev.kind = ParsedEvent::Kind::kToolCall;
-          out->push_back(std::move(ev));
-          ++tool_calls_;
+        std::vector<ChatToolCall> calls;
+        if (closed && ParseBareToolCalls(body, &calls)) {
+          for (ChatToolCall& c : calls) {
+            ParsedEvent ev;
+            ev.kind = ParsedEvent::Kind::kToolCall;
+            ev.call = std::move(c);
+            out->push_back(std::move(ev));
+            ++tool_calls_;
+          }
           skip_ws_ = true;
         } else {
           EmitText(body, out);  // plain JSON the model answered with

@@ -13,7 +13,9 @@
 //                passed on as literal text (a fenced block that is no call is text as written).
 //                Small models often drop the tags: a bare JSON object
 //                `{"name": ..., "arguments": ...}` at the start of the answer (or right after a
-//                call) that names a tool and validates is a call too; any other JSON is text.
+//                call) that names a tool and validates is a call too, and so is an array of such
+//                objects (Mistral's `[TOOL_CALLS]` body, whose control token is not text; Llama
+//                3.x's `parameters` key is read as `arguments`); any other JSON is text.
 //
 // Text that may be the start of a marker ("</think>", "<tool_call>", a stop sequence) is held
 // back until it is decided, so nothing has to be taken back from a client. Input must be fed in
@@ -67,6 +69,9 @@ class OutputParser {
   void AddTool(const ChatTool& tool) { opts_.tools.push_back(tool); }
 
  private:
+  // A bare JSON body at the answer's start: one call object, or an array of them; false (and the
+  // body stays text) unless every one is a valid call.
+  bool ParseBareToolCalls(const std::string& body, std::vector<ChatToolCall>* calls) const;
   enum class Mode { kMaybeReasoning, kReasoning, kContent, kToolCall, kBareJson };
   void Process(std::vector<ParsedEvent>* out, bool final);
   void EmitText(std::string_view s, std::vector<ParsedEvent>* out);

@@ -299,6 +299,37 @@ TEST(OutputParser, BareJsonToolCallAtStart) {
   EXPECT_EQ(ev3[0].kind, ParsedEvent::Kind::kText);
 }
 
+// Mistral's form (after its [TOOL_CALLS] control token): an array of calls at the answer's start
+// is one call per element when every element is a valid call; anything else stays text.
+TEST(OutputParser, BareJsonArrayOfToolCalls) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string text =
+      "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, "
+      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x]\\\"[\"}}]";
+  OutputParser p(o);
+  const auto ev = FeedAll(p, {text});
+  ASSERT_EQ(ev.size(), 2u);
+  ASSERT_EQ(ev[0].kind, ParsedEvent::Kind::kToolCall);
+  ASSERT_EQ(ev[1].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[0].call.arguments["city"], "Oslo");
+  EXPECT_EQ(ev[1].call.arguments["city"], "x]\"[");
+  EXPECT_EQ(p.tool_calls(), 2);
+  ExpectSplitInvariant(o, text);
+  // One invalid element (unknown tool), an empty array, a list answer: all text, as written.
+  for (const std::string& bad : {std::string("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\"}}, "
+                                             "{\"name\": \"nope\", \"arguments\": {}}]"),
+                                 std::string("[]"), std::string("[1] See the docs.")}) {
+    OutputParser q(o);
+    const auto ev2 = FeedAll(q, {bad});
+    ASSERT_EQ(ev2.size(), 1u) << bad;
+    EXPECT_EQ(ev2[0].kind, ParsedEvent::Kind::kText) << bad;
+    EXPECT_EQ(ev2[0].text, bad);
+    EXPECT_EQ(q.tool_calls(), 0);
+  }
+}
+
 TEST(JsonSchema, NestedTypesRequiredEnumItems) {
   const Json schema = Json::parse(R"({"type": "object", "required": ["a"], "properties": {
       "a": {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["x", "y"]}}}},
