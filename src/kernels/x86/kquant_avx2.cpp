@@ -8,6 +8,8 @@
 // gives sc * sum in int32: the 6-bit scale costs no FP op. The minimum term dmin * m * sum(x) uses the activation sums
 // (QActs::sums32). Q6_K: 6-bit quants as u8 in [0, 63]; vpmaddubsw, then vpmaddwd by the int8 sub-block scale pair; the
 // -32 offset is 32 * sc * sum(x) per sub-block (QActs::sums16), also with vpmaddwd.
+// Every loop over rows carries `#pragma GCC unroll`: one loop left rolled (NibbleDots' final sum)
+// made GCC keep the rows' accumulators in memory, and Q4_0 / Q4_1 ran 8 rows at half speed.
 #include "kernels/x86/kernels_x86.h"
 #include "kernels/x86/kquant_tile_impl.h"
 
@@ -75,6 +77,7 @@ struct K4 {
       // int16 sums per sub-block: Q4_K's 8 chunks stay below 2^15 (8 * 2 * 15 * 127), Q5_K's
       // (<= 2 * 31 * 127 each) go to int32 after 4 chunks.
       __m256i slo[R], shi[R], plo[R], phi[R];
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) slo[r] = shi[r] = plo[r] = phi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
@@ -89,11 +92,12 @@ struct K4 {
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
-          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 32 + 4 * c) + 4 * r)));
+          slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.template X4<R>(i0 + 4 * c, r))));
+          shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.template X4<R>(i0 + 32 + 4 * c, r))));
         }
         if constexpr (kFifth) {
           if (c == 3) {
+#pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
               plo[r] = _mm256_madd_epi16(slo[r], m.scp[2 * k]);
               phi[r] = _mm256_madd_epi16(shi[r], m.scp[2 * k + 1]);
@@ -163,6 +167,7 @@ struct Q6K {
       const int64_t i0 = s * kKSuper + 128 * n;
       __m256i iacc[kQ6Acc][R];
       for (int j = 0; j < kQ6Acc; ++j) {
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) iacc[j][r] = _mm256_setzero_si256();
       }
 #pragma GCC unroll 2
@@ -182,7 +187,7 @@ struct Q6K {
         for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
           for (int mm = 0; mm < 4; ++mm) {
-            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(a.I(i0 + 32 * mm + 4 * c) + 4 * r));
+            const __m256i p = _mm256_maddubs_epi16(q[mm], Bcast4(a.template X4<R>(i0 + 32 * mm + 4 * c, r)));
             __m256i& ia = iacc[mm * kQ6Acc / 4][r];
             ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, m.scp[sub + 2 * mm]));
           }
@@ -240,6 +245,7 @@ struct Q50 {
     const int64_t i0 = s * mr::kKBlock32;
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     __m256i slo[R], shi[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
@@ -249,8 +255,8 @@ struct Q50 {
                                          FifthBits(_mm256_srli_epi32(m.qh, 16 + 4 * c)));
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
-        shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
+        slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.template X4<R>(i0 + 4 * c, r))));
+        shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.template X4<R>(i0 + 16 + 4 * c, r))));
       }
     }
     const __m256i ones = _mm256_set1_epi16(1);
@@ -272,6 +278,7 @@ template <int R>
 [[gnu::always_inline]] inline void NibbleDots(const uint8_t* q, const ActRows& a, int64_t i0, __m256i* dot) {
   const __m256i m0f = _mm256_set1_epi8(0x0F);
   __m256i sum16[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) sum16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
@@ -279,11 +286,12 @@ template <int R>
     const __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(lo, Bcast4(a.I(i0 + 4 * c) + 4 * r)));
-      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(hi, Bcast4(a.I(i0 + 16 + 4 * c) + 4 * r)));
+      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(lo, Bcast4(a.template X4<R>(i0 + 4 * c, r))));
+      sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(hi, Bcast4(a.template X4<R>(i0 + 16 + 4 * c, r))));
     }
   }
   const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) dot[r] = _mm256_madd_epi16(sum16[r], ones);
 }
 
@@ -357,6 +365,7 @@ struct Q80 : D16Block {
     const int64_t i0 = s * mr::kKBlock32;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i isum[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
@@ -364,7 +373,7 @@ struct Q80 : D16Block {
       const __m256i aw = _mm256_abs_epi8(v);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Bcast4(a.I(i0 + 4 * c) + 4 * r), v));
+        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Bcast4(a.template X4<R>(i0 + 4 * c, r)), v));
         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
       }
     }
@@ -408,7 +417,9 @@ struct KTile {
   template <int R>
   static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
     __m256 acc[2][R];
+#pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
     }
     typename F::Scales m;
@@ -420,6 +431,7 @@ struct KTile {
         Passes<R>(blk, h, m, a, s, acc[h]);
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm256_store_ps(out[r], acc[0][r]);
       _mm256_store_ps(out[r] + 8, acc[1][r]);
@@ -477,6 +489,7 @@ struct FTile {
         }
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm256_store_ps(out[r], lo[r]);
       _mm256_store_ps(out[r] + 8, hi[r]);

@@ -15,6 +15,8 @@
 // 32 * sc * sum(x) (QActs::sums16, also with vpdpwssd). Exact in int32 (|sum| < 2^27).
 // GCC 12's 512-bit conversion intrinsics start from a self-initialized "undefined" register
 // (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false positive.
+// Every loop over rows carries `#pragma GCC unroll`: one loop left rolled (NibbleDots' final sum)
+// made GCC keep the rows' accumulators in memory, and Q4_0 / Q4_1 ran 8 rows at half speed.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include "kernels/x86/kernels_x86.h"
@@ -89,7 +91,9 @@ struct K4 {
       const uint8_t* q = blk + kHeadBytes + 512 * k;
       const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
       __m512i ilo[kSets][R], ihi[kSets][R];
+#pragma GCC unroll 8
       for (int u = 0; u < kSets; ++u) {
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) ilo[u][r] = ihi[u][r] = _mm512_setzero_si512();
       }
 #pragma GCC unroll 8
@@ -112,8 +116,8 @@ struct K4 {
         const int u = c % kSets;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          ilo[u][r] = DpbusdBcast(ilo[u][r], lo, a.I(i0 + 4 * c) + 4 * r);
-          ihi[u][r] = DpbusdBcast(ihi[u][r], hi, a.I(i0 + 32 + 4 * c) + 4 * r);
+          ilo[u][r] = DpbusdBcast(ilo[u][r], lo, a.template X4<R>(i0 + 4 * c, r));
+          ihi[u][r] = DpbusdBcast(ihi[u][r], hi, a.template X4<R>(i0 + 32 + 4 * c, r));
         }
       }
 #pragma GCC unroll 8
@@ -201,6 +205,7 @@ struct Q6K {
       const int64_t i0 = s * kKSuper + 128 * n;
       __m512i tot[kGroups][R];  // per group: sum of sc * dot over its sub-blocks
       for (int gi = 0; gi < kGroups; ++gi) {
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) tot[gi][r] = _mm512_setzero_si512();
       }
 #pragma GCC unroll 2
@@ -208,14 +213,14 @@ struct Q6K {
 #pragma GCC unroll 4
         for (int mm = 0; mm < 4; ++mm) {
           __m512i iacc[R];
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) iacc[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
           for (int c = 4 * h; c < 4 * h + 4; ++c) {
             if (mm < 3) PrefetchLine(blk + 288 + (8 * n + c) * 192 + 64 * mm);
             const __m512i q = Unpack(mm, blk + 288 + (8 * n + c) * 192, m0f, m30);
-            const int8_t* x = a.I(i0 + 32 * mm + 4 * c);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) iacc[r] = DpbusdBcast(iacc[r], q, x + 4 * r);
+            for (int r = 0; r < R; ++r) iacc[r] = DpbusdBcast(iacc[r], q, a.template X4<R>(i0 + 32 * mm + 4 * c, r));
           }
           const __m512i sc = m.sc[8 * n + 2 * mm + h];
           const int gi = mm * kGroups / 4;
@@ -281,6 +286,7 @@ struct Q50 {
     const int64_t i0 = s * mr::kKBlock32;
     const __m512i m0f = _mm512_set1_epi8(0x0F), table = FifthBitTable();
     __m512i ilo[R], ihi[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
@@ -291,8 +297,8 @@ struct Q50 {
                                          _mm512_permutexvar_epi32(_mm512_srli_epi32(m.qh, 16 + 4 * c), table));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
-        ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
+        ilo[r] = DpbusdBcast(ilo[r], lo, a.template X4<R>(i0 + 4 * c, r));
+        ihi[r] = DpbusdBcast(ihi[r], hi, a.template X4<R>(i0 + 16 + 4 * c, r));
       }
     }
 #pragma GCC unroll 8
@@ -311,6 +317,7 @@ template <int R>
 [[gnu::always_inline]] inline void NibbleDots(const uint8_t* q, const ActRows& a, int64_t i0, __m512i* dot) {
   const __m512i m0f = _mm512_set1_epi8(0x0F);
   __m512i ilo[R], ihi[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
@@ -318,10 +325,11 @@ template <int R>
     const __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      ilo[r] = DpbusdBcast(ilo[r], lo, a.I(i0 + 4 * c) + 4 * r);
-      ihi[r] = DpbusdBcast(ihi[r], hi, a.I(i0 + 16 + 4 * c) + 4 * r);
+      ilo[r] = DpbusdBcast(ilo[r], lo, a.template X4<R>(i0 + 4 * c, r));
+      ihi[r] = DpbusdBcast(ihi[r], hi, a.template X4<R>(i0 + 16 + 4 * c, r));
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(ilo[r], ihi[r]);
 }
 
@@ -402,7 +410,9 @@ struct Q80 : D16Block {
     const int64_t i0 = s * mr::kKBlock32;
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512i isum[kSets][R];
+#pragma GCC unroll 8
     for (int u = 0; u < kSets; ++u) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isum[u][r] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
@@ -411,7 +421,7 @@ struct Q80 : D16Block {
       const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * c), bias);
       const int u = c % kSets;
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) isum[u][r] = DpbusdBcast(isum[u][r], w, a.I(i0 + 4 * c) + 4 * r);
+      for (int r = 0; r < R; ++r) isum[u][r] = DpbusdBcast(isum[u][r], w, a.template X4<R>(i0 + 4 * c, r));
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -455,6 +465,7 @@ struct KTile {
   template <int R>
   static void RunRows(const KMatrix& w, int64_t t, const ActRows& a, float (*out)[kKTile]) {
     __m512 acc[R], mins[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
     typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
@@ -463,6 +474,7 @@ struct KTile {
       F::Decode(blk, &m);
       Passes<R>(blk, m, a, s, acc, mins);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_sub_ps(acc[r], mins[r]));
   }
 
@@ -513,6 +525,7 @@ struct FTile {
         }
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_add_ps(even[r], odd[r]));
   }
 
