@@ -21,12 +21,15 @@ namespace {
 // ggml type ids of the output types (gguf.h's tensor types).
 constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ4K = 12, kQ6K = 14;
 
-// The type of one tensor under --type: vectors (and matrices whose rows do not split into the
-// type's blocks) become f32 or the next type that fits; q4_k_m keeps llama.cpp's Q4_K_M choice in
+// The type of one tensor under --type: vectors, MoE routers (and matrices whose rows do not split
+// into the type's blocks) become f32 or the next type that fits; q4_k_m keeps llama.cpp's Q4_K_M choice in
 // its simplest form: Q6_K for the output / embedding tables, attn_v and ffn_down, Q4_K elsewhere.
 uint32_t TensorType(const gguf::TensorInfo& t, const std::string& type) {
   const bool matrix = t.dims.size() >= 2 && t.cols() % 32 == 0;
-  if (!matrix || type == "f32") return kF32;
+  // The MoE router stays F32 under every type, as llama.cpp's converter and llama-quantize keep
+  // it: a rounded router picks other experts at near-ties.
+  const bool router = t.name.find("ffn_gate_inp") != std::string::npos;
+  if (!matrix || router || type == "f32") return kF32;
   if (type == "f16") return kF16;
   if (type == "q8_0" || t.cols() % 256 != 0) return kQ8_0;
   if (type == "q4_k") return kQ4K;

@@ -154,6 +154,8 @@ def test_generated_moe_in_q4_k_m_runs_native_k_quant_kernels(model_path, mererun
     assert conv.returncode == 0, conv.stderr
     info = subprocess.run([str(mererun_bin), "info", "-m", str(model)], capture_output=True, text=True, timeout=60)
     assert "q4_K" in info.stdout and "q6_K" in info.stdout and "f16" not in info.stdout, info.stdout
+    # 2 layers of q, k, o, gate and up experts in Q4_K; the routers stay F32 (llama-quantize's rule).
+    assert "q4_K×10 " in info.stdout, info.stdout
     monkeypatch.setenv("MERERUN_ACTS", "fine")
     r, summary = _parity(model, mererun_bin, tmp_path / "fine")
     assert r["top1_agreement"] >= 0.90, summary
