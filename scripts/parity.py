@@ -14,6 +14,12 @@ Verdict: PASS when top1 >= 0.98, mean KL <= 0.01 and every logit is finite.
 
   python3 scripts/parity.py --model NAME_OR_PATH [--model ...] [--prompts FILE] [--limit N]
 
+--vs-exact also runs `mererun logits --ref` (FP32 activations against the file's weights, the
+exact arithmetic) and measures llama.cpp and mererun as run (fast path, MERERUN_ACTS as set) each
+against it with one metric: KL(side || exact) on the side's top-K plus a tail bucket, and top-1
+agreement with the exact argmax. The native-kernels issue's bar: mererun's fast path no worse than
+llama.cpp on both. --exact FILE reuses a `logits --ref` output.
+
 Either side can be precomputed: --ref-dir DIR reuses DIR/{tokens.json,ref.bin,meta.json} when they
 match the model and prompts (else regenerates them there), --ours FILE takes an existing MRLG file.
 Pure Python (no numpy): a few ms per position.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import array
 import hashlib
+import heapq
 import json
 import math
 import os
@@ -314,6 +321,58 @@ def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[st
     return s.to_json()
 
 
+def record_from_row(row: array.array, k: int) -> RefRecord:
+    """The top-k tokens of a full logits row with their log-probabilities and the tail mass: the
+    form llama.cpp's side is recorded in, so both sides can be measured against the exact one
+    with the same coarsened KL."""
+    m = max(row)
+    log_z = m + math.log(sum(math.exp(x - m) for x in row))
+    top = heapq.nlargest(k, range(len(row)), key=row.__getitem__)
+    ids = array.array("i", top)
+    lps = array.array("f", [row[i] - log_z for i in top])
+    tail = max(0.0, 1.0 - sum(math.exp(row[i] - log_z) for i in top))
+    return RefRecord(ids, lps, tail)
+
+
+def compare_vs_exact(model: str, ref_bin: Path, ours_bin: Path, exact_bin: Path, max_prompts: int) -> dict:
+    """llama.cpp and mererun's fast path, each against mererun's exact FP32 path (`logits --ref`)
+    with one metric: KL(side || exact) on the side's top-K tokens plus a tail bucket (K = llama.cpp's
+    K at that position), and top-1 agreement with the exact argmax. The fast path is "as faithful
+    as llama.cpp" when its mean KL is no higher and its top-1 no lower (native-kernels issue)."""
+    sides = {"llamacpp": Summary(model), "mererun": Summary(model)}
+    with open(ref_bin, "rb") as fr, open(ours_bin, "rb") as fo, open(exact_bin, "rb") as fe:
+        v_ref, n_ref = read_header(fr, b"LCRF")
+        v_ours, n_ours = read_header(fo, b"MRLG")
+        v_ex, n_ex = read_header(fe, b"MRLG")
+        n_ref = n_ref[:max_prompts] if 0 < max_prompts < len(n_ref) else n_ref
+        if not (v_ref == v_ours == v_ex and n_ref == n_ours == n_ex):
+            raise ParityError("the llama.cpp, fast and exact files cover different prompts or vocabularies")
+        for pi, n_pos in enumerate(n_ref):
+            for pos in range(n_pos):
+                llama = read_ref_record(fr)
+                ours = record_from_row(read_logits_row(fo, v_ours), len(llama.ids))
+                exact = read_logits_row(fe, v_ex)
+                for name, rec in (("llamacpp", llama), ("mererun", ours)):
+                    res = compare_position(rec, exact)
+                    s = sides[name]
+                    s.n_positions += 1
+                    s.kls.append(res.kl)
+                    s.kl_sum += res.kl
+                    s.n_top1 += res.top1
+                    s.n_nonfinite += not res.finite
+                    if res.kl > s.kl_max or not s.kl_max_at:
+                        s.kl_max, s.kl_max_at = res.kl, f"#{pi}@{pos}"
+            for s in sides.values():
+                s.n_prompts += 1
+    out = {}
+    for name, s in sides.items():
+        j = s.to_json()
+        out[name] = {k: j[k] for k in ("n_positions", "top1_agreement", "mean_kl", "p99_kl", "max_kl")}
+    out["as_faithful"] = (out["mererun"]["mean_kl"] <= out["llamacpp"]["mean_kl"]
+                          and out["mererun"]["top1_agreement"] >= out["llamacpp"]["top1_agreement"])
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Running the two sides.
 
@@ -414,6 +473,11 @@ def parity_for_model(name_or_path: str, args) -> dict:
     t0 = time.monotonic()
     result = compare_files(name, ref_dir / "ref.bin", ours, ids, max_prompts=len(ids))
     timings["compare_s"] = time.monotonic() - t0
+    if args.vs_exact:
+        exact = Path(args.exact) if args.exact else work / "exact.mrlg"
+        timings["mererun_exact_s"] = None if args.exact else run_mererun(find_mererun(args.mererun), model_path, tokens, exact,
+                                                 args.threads, [a for a in args.mererun_arg if a != "--ref"] + ["--ref"])
+        result["vs_exact"] = compare_vs_exact(name, ref_dir / "ref.bin", ours, exact, len(ids))
     meta = json.loads((ref_dir / "meta.json").read_text(encoding="utf-8"))
     result.update({
         "model_path": str(model_path),
@@ -434,6 +498,16 @@ def format_table(results: list[dict]) -> str:
                      f"{r['max_kl']:>9.5f}  {r['verdict']}"
                      + (f" ({r['n_nonfinite']} non-finite)" if r["n_nonfinite"] else ""))
     lines.append(f"bars: top1 >= {TOP1_MIN}, mean KL(llama.cpp || mererun) <= {MEAN_KL_MAX} nats")
+    for r in results:
+        v = r.get("vs_exact")
+        if not v:
+            continue
+        lines.append(f"{r['model'][:30]} against mererun's exact path (KL(side || exact), top-1 of the exact argmax):")
+        for side in ("llamacpp", "mererun"):
+            e = v[side]
+            lines.append(f"  {side:<10} top1 {e['top1_agreement']:.4f}  mean KL {e['mean_kl']:.5f}  "
+                         f"p99 KL {e['p99_kl']:.5f}  max KL {e['max_kl']:.5f}")
+        lines.append(f"  mererun as faithful as llama.cpp: {'yes' if v['as_faithful'] else 'NO'}")
     return "\n".join(lines)
 
 
@@ -456,6 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true",
                     help="always rerun llama.cpp (overwriting --ref-dir)")
     ap.add_argument("--ours", help="precomputed `mererun logits` output (single model only)")
+    ap.add_argument("--vs-exact", action="store_true",
+                    help="also measure llama.cpp and mererun (as run) against mererun's exact FP32 "
+                         "path (`logits --ref`) with one metric")
+    ap.add_argument("--exact", help="with --vs-exact: a precomputed `mererun logits --ref` output "
+                                    "(single model only)")
     ap.add_argument("--json-out", help="write the JSON report here")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     args = ap.parse_args(argv)
@@ -465,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         models += [e["name"] for e in load_catalog() if e.get("status") == "confirmed"]
     if not models:
         ap.error("give --model NAME_OR_PATH (repeatable) or --all")
-    if len(models) > 1 and (args.ref_dir or args.ours):
-        ap.error("--ref-dir and --ours apply to a single model")
+    if len(models) > 1 and (args.ref_dir or args.ours or args.exact):
+        ap.error("--ref-dir, --ours and --exact apply to a single model")
 
     results = []
     failed = False
