@@ -1,5 +1,6 @@
 // `mererun serve -m MODEL [--port 8080] [-c CTX] [--api-key KEY] ...` (all options with their
 // defaults: `mererun serve --help`): the HTTP server (src/server/).
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -27,8 +28,26 @@
 #include "server/signing.h"
 
 namespace mr::app {
+namespace {
+
+// Resident memory that follows live memory over a long run (the soak's drift bar, docs/
+// reliability.md): glibc raises its mmap threshold each time a large block is freed, after which
+// prompt-sized buffers (token lists, request bodies, rendered prompts, per-request logits) come
+// from the heap arenas and stay resident after their request, so RSS wanders by the size of the
+// largest recent prompts. A fixed threshold sends every block of 256 KiB or more to mmap, which
+// returns it on free; heap tops past 1 MiB are trimmed; 4 arenas instead of 8 per core.
+void SteadyAllocator() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+  mallopt(M_ARENA_MAX, 4);
+#endif
+}
+
+}  // namespace
 
 int CmdServe(const Args& args) {
+  SteadyAllocator();
   Cli cli("serve", "HTTP server: the Anthropic Messages and OpenAI chat completions APIs (docs/api.md).");
   CLI::App& app = cli.app();
   ModelArgs margs;
