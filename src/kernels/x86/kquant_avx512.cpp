@@ -35,9 +35,12 @@ inline __m512i DpbusdBcast(__m512i acc, __m512i w, const int8_t* x) {
 // Q4_K
 
 // Per (tile, super-block): d * scale and dmin * min of the 8 sub-blocks, 16 outputs each.
+// Kept in memory (L1) on purpose: as 16 zmm values they crowded out 8 rows' accumulators, and GCC
+// spilled and reloaded both around every pass; as arrays each use is one load folded into its
+// multiply (8-row Q4_K: see docs/performance.md, stop 20).
 struct Q4KScales {
-  __m512 dsc[8];
-  __m512 dmm[8];
+  alignas(64) float dsc[8][16];
+  alignas(64) float dmm[8][16];
 };
 
 // Q4_K, and Q5_K (kFifth) whose quants add a fifth bit from qh: per 64-input group k, bit 2k of
@@ -69,79 +72,96 @@ struct K4 {
         sc = _mm_or_si128(_mm_and_si128(p[j + 4], m0f), _mm_and_si128(_mm_srli_epi16(p[j - 4], 2), m30));
         mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p[j + 4], 4), m0f), _mm_and_si128(_mm_srli_epi16(p[j], 2), m30));
       }
-      m->dsc[j] = _mm512_mul_ps((j & 1) ? d16 : d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
-      m->dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+      _mm512_store_ps(m->dsc[j], _mm512_mul_ps((j & 1) ? d16 : d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
+      _mm512_store_ps(m->dmm[j], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
     }
   }
 
-  // Super-block s of the tile (blk) against rows 0..R-1 of a: acc[r] += the scaled dot products,
-  // mins[r] += the minimum terms (subtracted at the end), for every R: a row's floating-point
-  // operations are the same whatever the number of rows, so its result is too (greedy
-  // speculative decoding relies on it). With fewer than 4 rows the chunks alternate between two
-  // sets of integer accumulators (exact), so the dependency chains stay short (decode is the
-  // 1-row case); with more rows there is parallelism across rows instead.
+  // Super-block s of the tile (blk) against rows 0..R-1 of a: acc[r] += the scaled dot products
+  // minus the minimum terms, for every R: a row's floating-point operations are the same whatever
+  // the number of rows, so its result is too (greedy speculative decoding relies on it). With
+  // fewer than 4 rows the chunks alternate between two sets of integer accumulators (exact), so
+  // the dependency chains stay short (decode is the 1-row case); with more rows there is
+  // parallelism across rows instead. `mins` is unused (the minimum terms go into acc, which
+  // leaves 8 rows' accumulators room in the registers).
   template <int R>
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s,
-                                          __m512* acc, __m512* mins) {
+                                          __m512* acc, __m512*) {
+    // The 4 activation groups unrolled only for Q4_K's decode rows: unrolled with more rows (or
+    // Q5_K's extra bit work) GCC ran out of registers and spilled around every dot product
+    // (Zen 4, 1 thread: 8-row Q4_K 7.6 -> 8.7 GB/s, 1-row Q5_K 12.5 -> 28 GB/s; 1-row Q4_K
+    // loses ~15 % rolled).
+    if constexpr (!kFifth && R < 4) {
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) Group<R>(blk, m, a, s, k, acc);
+    } else {
+#pragma GCC unroll 1
+      for (int k = 0; k < 4; ++k) Group<R>(blk, m, a, s, k, acc);
+    }
+  }
+
+  // Activation group k of 64 inputs: sub-blocks 2k (low nibbles) and 2k+1 (high).
+  template <int R>
+  [[gnu::always_inline]] static void Group(const uint8_t* blk, const Q4KScales& m, const ActRows& a, int64_t s, int k,
+                                           __m512* acc) {
     constexpr int kSets = R < 4 ? 2 : 1;
     const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
     const __m512i m10 = _mm512_set1_epi8(0x10);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {  // activation group of 64: sub-blocks 2k (low nibbles), 2k+1 (high)
-      const uint8_t* q = blk + kHeadBytes + 512 * k;
-      const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
-      __m512i ilo[kSets][R], ihi[kSets][R];
+    const uint8_t* q = blk + kHeadBytes + 512 * k;
+    const int64_t i0 = s * kKSuper + 64 * k;  // first input of the group
+    __m512i ilo[kSets][R], ihi[kSets][R];
 #pragma GCC unroll 8
-      for (int u = 0; u < kSets; ++u) {
+    for (int u = 0; u < kSets; ++u) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) ilo[u][r] = ihi[u][r] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) ilo[u][r] = ihi[u][r] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      PrefetchLine(q + 64 * c);
+      const __m512i v = _mm512_loadu_si512(q + 64 * c);
+      __m512i lo = _mm512_and_si512(v, m0f), hi;
+      if constexpr (kFifth) {
+        // Bits 2k and 2k + 1 of each qh byte to bit 4 (16-bit shifts: the masked bit never
+        // crosses a byte); the high nibbles shifted down to take theirs.
+        const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(blk + 256 + 64 * c), 2 * k);
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), m10));
+        hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
+                             _mm512_and_si512(_mm512_slli_epi16(h, 3), m10));
+      } else {
+        // Q4_K: high nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32
+        // without saturation, and the 1/16 is folded into the scale, so no shift is needed.
+        hi = _mm512_and_si512(v, mf0);
       }
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        PrefetchLine(q + 64 * c);
-        const __m512i v = _mm512_loadu_si512(q + 64 * c);
-        __m512i lo = _mm512_and_si512(v, m0f), hi;
-        if constexpr (kFifth) {
-          // Bits 2k and 2k + 1 of each qh byte to bit 4 (16-bit shifts: the masked bit never
-          // crosses a byte); the high nibbles shifted down to take theirs.
-          const __m512i h = _mm512_srli_epi16(_mm512_loadu_si512(blk + 256 + 64 * c), 2 * k);
-          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), m10));
-          hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
-                               _mm512_and_si512(_mm512_slli_epi16(h, 3), m10));
-        } else {
-          // Q4_K: high nibbles in place (16 q <= 240): vpdpbusd sums u8 x s8 products in int32
-          // without saturation, and the 1/16 is folded into the scale, so no shift is needed.
-          hi = _mm512_and_si512(v, mf0);
-        }
-        const int u = c % kSets;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          ilo[u][r] = DpbusdBcast(ilo[u][r], lo, a.template X4<R>(i0 + 4 * c, r));
-          ihi[u][r] = DpbusdBcast(ihi[u][r], hi, a.template X4<R>(i0 + 32 + 4 * c, r));
-        }
-      }
+      const int u = c % kSets;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        __m512i lo = ilo[0][r], hi = ihi[0][r];
-        if constexpr (kSets == 2) {
-          lo = _mm512_add_epi32(lo, ilo[1][r]);
-          hi = _mm512_add_epi32(hi, ihi[1][r]);
-        }
-        const float* xs = a.Xs(r);
-        if constexpr (kActGroup == 64) {
-          __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), m.dsc[2 * k]);
-          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), m.dsc[2 * k + 1], f);
-          acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[i0 / kActGroup]), acc[r]);
-        } else {
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo),
-                                   _mm512_mul_ps(m.dsc[2 * k], _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi),
-                                   _mm512_mul_ps(m.dsc[2 * k + 1], _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
-        }
-        const float* s32 = a.S32(r) + i0 / 32;
-        mins[r] = _mm512_fmadd_ps(m.dmm[2 * k], _mm512_set1_ps(s32[0]), mins[r]);
-        mins[r] = _mm512_fmadd_ps(m.dmm[2 * k + 1], _mm512_set1_ps(s32[1]), mins[r]);
+        ilo[u][r] = DpbusdBcast(ilo[u][r], lo, a.template X4<R>(i0 + 4 * c, r));
+        ihi[u][r] = DpbusdBcast(ihi[u][r], hi, a.template X4<R>(i0 + 32 + 4 * c, r));
       }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512i lo = ilo[0][r], hi = ihi[0][r];
+      if constexpr (kSets == 2) {
+        lo = _mm512_add_epi32(lo, ilo[1][r]);
+        hi = _mm512_add_epi32(hi, ihi[1][r]);
+      }
+      const float* xs = a.Xs(r);
+      if constexpr (kActGroup == 64) {
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_load_ps(m.dsc[2 * k]));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_load_ps(m.dsc[2 * k + 1]), f);
+        acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[i0 / kActGroup]), acc[r]);
+      } else {
+        acc[r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo),
+                            _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k]), _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(hi),
+            _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k + 1]), _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
+      }
+      const float* s32 = a.S32(r) + i0 / 32;
+      acc[r] = _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k]), _mm512_set1_ps(s32[0]), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k + 1]), _mm512_set1_ps(s32[1]), acc[r]);
     }
   }
 };
