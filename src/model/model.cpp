@@ -15,7 +15,7 @@ namespace mr {
 namespace {
 std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
 std::atomic<bool> g_default_ref_path{false};
-std::atomic<uint8_t> g_default_fine_acts{0};
+std::atomic<uint8_t> g_default_fine_acts{kActQkv | kActO | kActDown};  // model.h: DefaultFineActs
 constexpr std::pair<ActRole, const char*> kActRoleNames[] = {
     {kActQkv, "qkv"}, {kActO, "o"}, {kActGlu, "glu"}, {kActDown, "down"}, {kActLogits, "logits"}};
 }  // namespace

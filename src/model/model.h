@@ -122,7 +122,13 @@ enum ActRole : uint8_t {
   kActLogits = 16  // output projection
 };
 constexpr uint8_t kActAllRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
-// The default set unless SetDefaultFineActs chose another (app/ maps MERERUN_ACTS onto it).
+// The default set unless SetDefaultFineActs chose another (app/ maps MERERUN_ACTS onto it):
+// qkv + o + down, chosen by measurement (docs/performance.md, stop 20). With every role on int8
+// the fast path was further from the exact arithmetic than llama.cpp on the same file (SmolLM2
+// Q4_1: KL 0.0090 against llama.cpp's 0.0050, top-1 0.947 against 0.962); the attention
+// projections (whose normed input carries the outlier channels) and down (the GLU's output) as
+// two rows bring every catalog model under llama.cpp's distance, for about a third more integer
+// work in prefill and verify.
 uint8_t DefaultFineActs();
 void SetDefaultFineActs(uint8_t roles);
 // "int8" (no role), "fine" (every role) or a '+' list of qkv, o, glu, down, logits; false for

@@ -143,7 +143,7 @@ def test_generated_moe_in_q4_k_m_runs_native_k_quant_kernels(model_path, mererun
     every matrix, experts included. llama.cpp reads these types against Q8_K activations (per 256
     inputs), so neither side is exact any more; measured against llama.cpp on the same file
     (Zen 4): the reference path top-1 0.9205 / mean KL 0.0158, the fast path with fine activations
-    (MERERUN_ACTS=fine, ~15-bit inputs) 0.9189 / 0.0158, with the default int8 activations 0.9070 /
+    (MERERUN_ACTS=fine, ~15-bit inputs) 0.9189 / 0.0158, with int8 activations on every role 0.9070 /
     0.0208 (the same weights in F16: 0.99 / 4e-4). A broken K-quant tile, kernel or expert layout
     gives top-1 below 0.5."""
     _prerequisites()

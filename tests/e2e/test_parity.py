@@ -126,6 +126,43 @@ def test_disagreement_and_bad_values_fail(tmp_path):
     assert r["verdict"] == "FAIL"
 
 
+def _write_mrlg(path: Path, rows, n_positions):
+    with open(path, "wb") as f:
+        f.write(b"MRLG" + struct.pack("<3I", 1, len(rows[0]), len(n_positions)))
+        f.write(struct.pack(f"<{len(n_positions)}I", *n_positions))
+        for row in rows:
+            f.write(struct.pack(f"<{len(row)}f", *row))
+
+
+def test_vs_exact_measures_both_sides_with_one_metric(tmp_path):
+    """--vs-exact: llama.cpp (top-K records) and mererun's fast path (full rows, reduced to the same
+    K) each against the exact rows. The side that matches the exact rows gets KL 0 and is the more
+    faithful one, whichever it is; the KL of the other is the coarsened KL computed directly."""
+    rng = random.Random(4)
+    exact = [[rng.gauss(0, 2) for _ in range(120)] for _ in range(6)]
+    noisy = [[x + rng.gauss(0, 0.4) for x in row] for row in exact]
+    _write_mrlg(tmp_path / "exact.mrlg", exact, [2, 4])
+    k = 16
+    # llama.cpp noisy, mererun exact: mererun is as faithful.
+    _write_pair(tmp_path, noisy, exact, [2, 4], k=k)
+    v = parity.compare_vs_exact("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", tmp_path / "exact.mrlg", 0)
+    assert v["mererun"]["mean_kl"] < 1e-6 and v["mererun"]["top1_agreement"] == 1.0
+    want = []
+    for p, q in zip(noisy, exact):
+        lp = _log_softmax(p)
+        head = sorted(range(120), key=lambda i: -lp[i])[:k]
+        want.append(_kl(p, q, (head, [i for i in range(120) if i not in head])))
+    assert v["llamacpp"]["mean_kl"] == pytest.approx(sum(want) / len(want), rel=1e-3)
+    assert v["llamacpp"]["mean_kl"] > 1e-3
+    assert v["as_faithful"] is True
+    # The other way round: mererun noisy (reduced to llama.cpp's K), llama.cpp exact.
+    _write_pair(tmp_path, exact, noisy, [2, 4], k=k)
+    v = parity.compare_vs_exact("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", tmp_path / "exact.mrlg", 0)
+    assert v["llamacpp"]["mean_kl"] < 1e-6
+    assert v["mererun"]["mean_kl"] == pytest.approx(sum(want) / len(want), rel=1e-3)
+    assert v["as_faithful"] is False
+
+
 def test_count_mismatch_is_reported(tmp_path):
     rows = [[0.0, 1.0, 2.0]] * 3
     _write_pair(tmp_path, rows, rows, [3], k=3)
@@ -195,16 +232,21 @@ def test_parity_exact_weights_meets_the_bars(tmp_path, mererun_bin):
 
 
 @pytest.mark.slow
-def test_parity_fast_path_on_the_q4_1_file(tmp_path, mererun_bin):
-    """The shipped path on the real Q4_1 GGUF. llama.cpp quantizes activations (Q8_1 per 32) and
-    mererun converts weights to Q8/g64 and quantizes activations per 64: independent rounding on
-    each side of a 135M model. Measured top-1 0.932, KL 0.0128: short of the issue's bars
-    (0.98 / 0.01), see docs/parity.md. This test guards against regressions at the level
-    reached (top-1 >= 0.92, KL <= 0.02); a broken kernel or layout gives top-1 < 0.5."""
+def test_parity_fast_path_on_the_q4_1_file(tmp_path, mererun_bin, monkeypatch):
+    """The shipped path, with its default activation precision, on the real Q4_1 GGUF, and the
+    native-kernels issue's fidelity bar: against mererun's exact path (FP32 activations on the
+    same weights, `--vs-exact`), the fast path is no further than llama.cpp (which reads Q4_1
+    against Q8_1 activations) in mean KL and top-1. With every matrix on int8 activations it is
+    not (measured on 32 prompts: top-1 0.9467 / KL 0.00899 against llama.cpp's 0.9620 / 0.00503);
+    the default reads q, k, v, o and down as two int8 rows (0.9689 / 0.00308). Against llama.cpp
+    itself, a broken kernel or layout gives top-1 < 0.5."""
     model_path = _prerequisites()
-    r, rc, summary = _run_parity(model_path, mererun_bin, tmp_path)
+    monkeypatch.delenv("MERERUN_ACTS", raising=False)
+    r, rc, summary = _run_parity(model_path, mererun_bin, tmp_path, ["--limit", "32", "--vs-exact"])
     assert r["top1_agreement"] >= 0.92, summary
     assert r["mean_kl"] <= 0.02, summary
+    v = r["vs_exact"]
+    assert v["as_faithful"], v
 
 
 @pytest.mark.slow
