@@ -233,7 +233,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       r += s.n;
     }
   }
-  ops.Matmul(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, logits);
+  ops.Logits(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, (fine_acts_ & kActTop) != 0, logits);
   if (c.final_softcap > 0) {  // gemma2
     const float cap = c.final_softcap;
     for (int64_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ref/ops_ref.h"
 #include "model/forward_ops.h"
 
 namespace mr {
@@ -141,6 +142,48 @@ class FastOps final : public ForwardOps {
                              [&](int64_t b, int64_t e, int) { Tiles(w, n, y, fine, b, e); });
   }
 
+  // The int8 logits, then per row the kTopLogits highest recomputed in FP32 against the
+  // dequantized weight rows (the reference path's arithmetic): the tokens that carry the
+  // probability mass get exact logits for ~kTopLogits * d_model multiply-adds a row, where a
+  // second activation row on the whole output matrix (the `logits` role) doubles its largest
+  // matmul. Candidates: logits within kTopMargin of the row's maximum (e^-24 of its probability
+  // is beyond any sampler's reach), the kTopLogits highest of them.
+  void Logits(const WeightMatrix& w, const float* x, int64_t n, bool top, float* y) override {
+    Matmul(w, x, n, y);
+    if (!top) return;
+    constexpr float kTopMargin = 24.0f;
+    const int64_t vocab = w.rows(), d = w.cols();
+    if (top_w_.size() < static_cast<size_t>(pool_.size() * d)) top_w_.resize(static_cast<size_t>(pool_.size() * d));
+    if (top_ids_.size() < static_cast<size_t>(pool_.size())) top_ids_.resize(static_cast<size_t>(pool_.size()));
+    auto rows = [&](int64_t b, int64_t e, int th) {
+      float* wrow = top_w_.data() + th * d;
+      std::vector<int32_t>& ids = top_ids_[static_cast<size_t>(th)];
+      for (int64_t r = b; r < e; ++r) {
+        float* yr = y + r * vocab;
+        const float* xr = x + r * d;
+        const float mx = *std::max_element(yr, yr + vocab);
+        ids.clear();
+        for (int64_t i = 0; i < vocab; ++i) {
+          if (yr[i] >= mx - kTopMargin) ids.push_back(static_cast<int32_t>(i));
+        }
+        if (ids.size() > static_cast<size_t>(kTopLogits)) {
+          std::nth_element(ids.begin(), ids.begin() + kTopLogits, ids.end(),
+                           [&](int32_t a, int32_t c) { return yr[a] > yr[c] || (yr[a] == yr[c] && a < c); });
+          ids.resize(kTopLogits);
+        }
+        for (const int32_t id : ids) {
+          DequantizeWeightRow(w, id, wrow);
+          yr[id] = ref::Dot8(wrow, xr, d);
+        }
+      }
+    };
+    if (n == 1) {
+      rows(0, 1, 0);
+      return;
+    }
+    pool_.ParallelFor(n, rows);
+  }
+
   // Gate and up projections with the GLU in one pass. Fine activations: gate and up each over
   // both int8 rows, summed, then the GLU.
   void Glu(const WeightMatrix& gate, const WeightMatrix& up, const float* x, int64_t n, GluAct act,
@@ -247,6 +290,8 @@ class FastOps final : public ForwardOps {
   std::vector<float> res_;                                // (n, cols) fine activations: x - scale·q
   std::vector<float> fine_y_;                             // outputs of fine matrices over 2n rows
   std::vector<float> att_;                                // (threads, AttentionScratchFloats) attention scratch
+  std::vector<float> top_w_;                              // (threads, d_model) a dequantized output row
+  std::vector<std::vector<int32_t>> top_ids_;             // per thread: a row's candidate tokens
   std::vector<int64_t> lo_, hi_;                          // (rows) the cache positions a row attends
   std::vector<std::pair<int64_t, int64_t>> chunks_;       // (first row, rows): attention chunks
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin

@@ -48,6 +48,12 @@ class ForwardOps {
   virtual void Attention(int64_t layer, bool swa, const ForwardRows& rows, int64_t n, const float* q, float* out) = 0;
   // y (n, w.rows) = x (n, w.cols) · wᵀ.
   virtual void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) = 0;
+  // y (n, w.rows) = the logits of x (n, w.cols) against the output matrix w: Matmul, and with
+  // `top` each row's kTopLogits highest recomputed exactly (model.h kActTop).
+  virtual void Logits(const WeightMatrix& w, const float* x, int64_t n, bool top, float* y) {
+    (void)top;
+    Matmul(w, x, n, y);
+  }
   // out (n, gate.rows) = act(x · gateᵀ) * (x · upᵀ).
   virtual void Glu(const WeightMatrix& gate, const WeightMatrix& up, const float* x, int64_t n, GluAct act,
                    float* out) = 0;

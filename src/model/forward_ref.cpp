@@ -88,7 +88,7 @@ class RefOps final : public ForwardOps {
       float* wrow = rows_.data() + th * cols;
       for (int64_t o = b; o < e; ++o) {
         MR_CHECK(DequantizeRow(t.type, t.data + o * row_bytes, wrow, cols).ok());
-        for (int64_t r = 0; r < n; ++r) y[r * rows + o] = Dot(wrow, x + r * cols, cols);
+        for (int64_t r = 0; r < n; ++r) y[r * rows + o] = ref::Dot8(wrow, x + r * cols, cols);
       }
     });
   }
@@ -106,17 +106,6 @@ class RefOps final : public ForwardOps {
   }
 
  private:
-  static float Dot(const float* a, const float* b, int64_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-    }
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-  }
-
   const ModelConfig& c_;
   ThreadPool& pool_;
   const std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*>& source_;

@@ -15,9 +15,9 @@ namespace mr {
 namespace {
 std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
 std::atomic<bool> g_default_ref_path{false};
-std::atomic<uint8_t> g_default_fine_acts{kActQkv | kActO | kActDown};  // model.h: DefaultFineActs
+std::atomic<uint8_t> g_default_fine_acts{kActQkv | kActO | kActTop};  // model.h: DefaultFineActs
 constexpr std::pair<ActRole, const char*> kActRoleNames[] = {
-    {kActQkv, "qkv"}, {kActO, "o"}, {kActGlu, "glu"}, {kActDown, "down"}, {kActLogits, "logits"}};
+    {kActQkv, "qkv"}, {kActO, "o"}, {kActGlu, "glu"}, {kActDown, "down"}, {kActLogits, "logits"}, {kActTop, "top"}};
 }  // namespace
 
 uint8_t DefaultFineActs() {
@@ -33,7 +33,7 @@ bool ParseFineActs(const std::string& name, uint8_t* roles) {
     return true;
   }
   if (name == "fine") {
-    *roles = kActAllRoles;
+    *roles = kActFineRoles;
     return true;
   }
   uint8_t r = 0;
@@ -58,7 +58,7 @@ bool ParseFineActs(const std::string& name, uint8_t* roles) {
 std::string FineActsName(uint8_t roles) {
   roles &= kActAllRoles;
   if (roles == 0) return "int8";
-  if (roles == kActAllRoles) return "fine";
+  if (roles == kActFineRoles) return "fine";
   std::string s;
   for (const auto& [role, role_name] : kActRoleNames) {
     if (roles & role) s += (s.empty() ? "" : "+") + std::string(role_name);

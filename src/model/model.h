@@ -115,24 +115,31 @@ const char* WeightModeName(WeightMode m);  // "native" or "q8g64"
 // weight loads and summed. One row costs little more (decode is bound by the weight stream); 8
 // verify rows cost up to twice the arithmetic on the roles chosen.
 enum ActRole : uint8_t {
-  kActQkv = 1,     // q, k, v projections (input: the normed hidden state)
-  kActO = 2,       // attention output projection
-  kActGlu = 4,     // gate and up projections (dense and experts)
-  kActDown = 8,    // down projection (input: the GLU's output, where outliers live)
-  kActLogits = 16  // output projection
+  kActQkv = 1,      // q, k, v projections (input: the normed hidden state)
+  kActO = 2,        // attention output projection
+  kActGlu = 4,      // gate and up projections (dense and experts)
+  kActDown = 8,     // down projection (input: the GLU's output, where outliers live)
+  kActLogits = 16,  // output projection
+  // Not a second row: after the output projection, each row's kTopLogits highest logits are
+  // recomputed exactly (FP32 hidden state against the dequantized weight rows), so the tokens
+  // that carry the probability mass get the reference path's logits; the tail keeps int8's.
+  kActTop = 32
 };
-constexpr uint8_t kActAllRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
+// "fine": every input as two rows (the top logits are then already as good as exact).
+constexpr uint8_t kActFineRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
+constexpr uint8_t kActAllRoles = kActFineRoles | kActTop;
+constexpr int kTopLogits = 64;
 // The default set unless SetDefaultFineActs chose another (app/ maps MERERUN_ACTS onto it):
-// qkv + o + down, chosen by measurement (docs/performance.md, stop 20). With every role on int8
+// qkv + o + top, chosen by measurement (docs/performance.md, stop 20). With every role on int8
 // the fast path was further from the exact arithmetic than llama.cpp on the same file (SmolLM2
-// Q4_1: KL 0.0090 against llama.cpp's 0.0050, top-1 0.947 against 0.962); the attention
-// projections (whose normed input carries the outlier channels) and down (the GLU's output) as
-// two rows bring every catalog model under llama.cpp's distance, for about a third more integer
-// work in prefill and verify.
+// Q4_1: KL 0.0090 against llama.cpp's 0.0050, top-1 0.947 against 0.962). The attention
+// projections' input (the normed hidden state, with its outlier channels) as two rows and the
+// top logits recomputed exactly bring every catalog model under llama.cpp's distance for ~1/8
+// more integer work in prefill and verify; `down` would do as well but costs a third more.
 uint8_t DefaultFineActs();
 void SetDefaultFineActs(uint8_t roles);
-// "int8" (no role), "fine" (every role) or a '+' list of qkv, o, glu, down, logits; false for
-// anything else.
+// "int8" (no role), "fine" (kActFineRoles) or a '+' list of qkv, o, glu, down, logits, top; false
+// for anything else.
 bool ParseFineActs(const std::string& name, uint8_t* roles);
 std::string FineActsName(uint8_t roles);  // the canonical spelling ParseFineActs accepts
 

@@ -385,10 +385,10 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   auto native = LoadTiny(path, false, WeightMode::kNative);
   auto q8 = LoadTiny(path, false, WeightMode::kQ8G64);
   auto ref = LoadTiny(path, true);
-  auto fine = LoadTiny(path, false, WeightMode::kNative, kActAllRoles);
+  auto fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles);
   ASSERT_TRUE(native && q8 && ref && fine);
   EXPECT_EQ(native->native_matrices(), 1 + s.n_layer * 7 + (s.arch == "qwen2" ? 0 : 1));
-  EXPECT_EQ(fine->fine_acts(), kActAllRoles);
+  EXPECT_EQ(fine->fine_acts(), kActFineRoles);
   EXPECT_EQ(native->fine_acts(), 0);
   EXPECT_EQ(q8->native_matrices(), 0);
   if (s.halves) {
@@ -1137,11 +1137,57 @@ TEST(FineActs, NamesRoundTripAndBadNamesAreRefused) {
   uint8_t r = 0;
   EXPECT_TRUE(ParseFineActs("down+qkv", &r));
   EXPECT_EQ(r, kActDown | kActQkv);
-  EXPECT_EQ(FineActsName(kActAllRoles), "fine");
+  EXPECT_EQ(FineActsName(kActFineRoles), "fine");
+  EXPECT_TRUE(ParseFineActs("qkv+o+top", &r));
+  EXPECT_EQ(r, kActQkv | kActO | kActTop);
   EXPECT_EQ(FineActsName(0), "int8");
   for (const char* bad : {"", "down,qkv", "down+", "+down", "Down", "int16", "fine+down"}) {
     EXPECT_FALSE(ParseFineActs(bad, &r)) << bad;
   }
+}
+
+// The `top` role: the highest logits of each row recomputed in FP32 against the dequantized
+// output rows. The hidden state is the same with or without it (no input role changes), so on the
+// best tokens the recomputed logits must match the output projection read with two-row (~15-bit)
+// activations (`logits`) far more closely than the int8 projection does; the tail keeps int8's
+// values, and a row's result does not depend on the rows beside it.
+TEST(FineActs, TopLogitsAreRecomputedExactly) {
+  TinySpec s;
+  s.arch = "llama";
+  const std::string path = WriteTinyModel(s, 21);
+  auto plain = LoadTiny(path, false, WeightMode::kNative, 0);
+  auto two_rows = LoadTiny(path, false, WeightMode::kNative, kActLogits);
+  auto top = LoadTiny(path, false, WeightMode::kNative, kActTop);
+  ASSERT_TRUE(plain && two_rows && top);
+  const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7};
+  const int64_t n = static_cast<int64_t>(toks.size()), V = s.vocab;
+  auto run = [&](Model& m) {
+    KvCache kv = m.NewKvCache(n);
+    std::vector<float> out(n * V);
+    EXPECT_TRUE(m.Forward(kv, toks.data(), n, true, out.data()).ok());
+    return out;
+  };
+  const std::vector<float> p = run(*plain), f = run(*two_rows), t = run(*top);
+  double err_plain = 0, err_top = 0;
+  for (int64_t row = 0; row < n; ++row) {
+    std::vector<int64_t> order(V);
+    for (int64_t i = 0; i < V; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return f[row * V + a] > f[row * V + b]; });
+    for (int64_t j = 0; j < 8; ++j) {  // the row's 8 best tokens
+      const int64_t i = row * V + order[j];
+      err_plain = std::max(err_plain, static_cast<double>(std::fabs(p[i] - f[i])));
+      err_top = std::max(err_top, static_cast<double>(std::fabs(t[i] - f[i])));
+    }
+  }
+  EXPECT_LT(err_top, err_plain / 10) << "top " << err_top << ", int8 output projection " << err_plain;
+  // Decoding row by row gives the same logits as the batched forward.
+  KvCache kv = top->NewKvCache(n);
+  std::vector<float> one(V);
+  for (int64_t row = 0; row < n; ++row) {
+    ASSERT_TRUE(top->Forward(kv, &toks[row], 1, false, one.data()).ok());
+    EXPECT_EQ(MaxAbsDiff(one, std::vector<float>(t.begin() + row * V, t.begin() + (row + 1) * V)), 0.0) << row;
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

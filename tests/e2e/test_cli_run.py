@@ -16,7 +16,11 @@ def run(*args, input_text=None, timeout=300):
 
 
 def test_smollm2_answers_capital_of_france():
-    r = run("run", "-m", SMOL, "-p", "What is the capital of France?", "-n", "32")
+    # "Name the capital city of France." rather than "What is the capital of France?": on the latter
+    # the exact arithmetic itself prefers "The" over "L'" by 0.11 logits, so any change of rounding
+    # (activation precision, group size) may flip the greedy answer; the reference-path test below
+    # keeps that question.
+    r = run("run", "-m", SMOL, "-p", "Name the capital city of France.", "-n", "32")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout, f"stdout: {r.stdout!r}\nstderr: {r.stderr}"
     assert "tok/s" in r.stderr  # the speed line

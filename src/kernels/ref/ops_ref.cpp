@@ -184,6 +184,17 @@ void AttentionGqa(const AttnChunk& a, float* scratch) {
   }
 }
 
+float Dot8(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales) {
   const int64_t groups = cols / kActGroup;
   for (int64_t r = 0; r < n_rows; ++r) {

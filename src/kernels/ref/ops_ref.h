@@ -39,6 +39,9 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
 void AttentionGqa(const AttnChunk& a, float* scratch);
 // Per row, per kActGroup-input group symmetric int8 quantization: scale = amax/127, q = round(x/scale).
 void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
+// sum_i a[i] * b[i] in FP32, in 8 interleaved partial sums added pairwise (the reference path's
+// matmul order, which the fast path's exact logits reuse).
+float Dot8(const float* a, const float* b, int64_t n);
 
 // out = x / rms(x) * w over n elements (out may alias x).
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
