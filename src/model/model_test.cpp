@@ -312,6 +312,15 @@ std::unique_ptr<Model> LoadTiny(const std::string& path, bool ref_path, WeightMo
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
+// The logits of every position of toks (n x V), from one batched forward over a fresh cache.
+std::vector<float> AllLogits(Model& m, const std::vector<TokenId>& toks, int64_t V) {
+  const int64_t n = static_cast<int64_t>(toks.size());
+  KvCache kv = m.NewKvCache(n);
+  std::vector<float> out(n * V);
+  EXPECT_TRUE(m.Forward(kv, toks.data(), n, true, out.data()).ok());
+  return out;
+}
+
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
@@ -398,12 +407,7 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   }
   const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 46};
   const int64_t n = static_cast<int64_t>(toks.size()), V = s.vocab;
-  auto run = [&](Model& m) {
-    KvCache kv = m.NewKvCache(n);
-    std::vector<float> out(n * V);
-    EXPECT_TRUE(m.Forward(kv, toks.data(), n, true, out.data()).ok());
-    return out;
-  };
+  auto run = [&](Model& m) { return AllLogits(m, toks, V); };
   const std::vector<float> a = run(*native), b = run(*q8), r = run(*ref), f = run(*fine);
   auto rel = [&](const std::vector<float>& x) {
     double err = 0, norm = 0;
@@ -1161,12 +1165,7 @@ TEST(FineActs, TopLogitsAreRecomputedExactly) {
   ASSERT_TRUE(plain && two_rows && top);
   const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7};
   const int64_t n = static_cast<int64_t>(toks.size()), V = s.vocab;
-  auto run = [&](Model& m) {
-    KvCache kv = m.NewKvCache(n);
-    std::vector<float> out(n * V);
-    EXPECT_TRUE(m.Forward(kv, toks.data(), n, true, out.data()).ok());
-    return out;
-  };
+  auto run = [&](Model& m) { return AllLogits(m, toks, V); };
   const std::vector<float> p = run(*plain), f = run(*two_rows), t = run(*top);
   double err_plain = 0, err_top = 0;
   for (int64_t row = 0; row < n; ++row) {
