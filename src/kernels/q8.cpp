@@ -134,10 +134,13 @@ void QActs::Resize(int64_t rows, int64_t c) {
 }
 
 void QActs::ComputeSums(int64_t r_begin, int64_t r_end) {
+  const bool interleave = n_rows >= kInterleaveMinRows;
   for (int64_t r = r_begin; r < r_end; ++r) {
     const int8_t* xr = q.data() + r * cols;
-    int8_t* xi = qi.data() + (r / kInterleaveRows) * cols * kInterleaveRows + (r % kInterleaveRows) * 4;
-    for (int64_t k = 0; k < cols / 4; ++k) std::memcpy(xi + k * 4 * kInterleaveRows, xr + 4 * k, 4);
+    if (interleave) {
+      int8_t* xi = qi.data() + (r / kInterleaveRows) * cols * kInterleaveRows + (r % kInterleaveRows) * 4;
+      for (int64_t k = 0; k < cols / 4; ++k) std::memcpy(xi + k * 4 * kInterleaveRows, xr + 4 * k, 4);
+    }
     int16_t* s16 = sums16.data() + r * (cols / 16);
     for (int64_t j = 0; j < cols / 16; ++j) {
       int s = 0;

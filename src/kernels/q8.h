@@ -101,11 +101,14 @@ struct QActs {
   // qi[(r / 8) * cols * 8 + (i / 4) * 32 + (r % 8) * 4 + i % 4] = q[r * cols + i]. A kernel then
   // reaches every row's word of a 4-input step at a constant offset from one pointer.
   static constexpr int64_t kInterleaveRows = 8;
+  // Only filled when n_rows >= kInterleaveMinRows: passes of 1 or 2 rows read q itself (its rows
+  // stay in L1 where the interleaved copy would not), so decode skips the copy.
+  static constexpr int64_t kInterleaveMinRows = 3;
   std::vector<int8_t> qi;
   // Grows the buffers (never shrinks them) for rows x c inputs (c % kActGroup == 0).
   void Resize(int64_t rows, int64_t c);
-  // Fills sums16, sums32 and qi of rows [r_begin, r_end) from q and scales (threads may fill
-  // disjoint row ranges at once).
+  // Fills sums16, sums32 and (n_rows >= kInterleaveMinRows) qi of rows [r_begin, r_end) from q
+  // and scales (threads may fill disjoint row ranges at once).
   void ComputeSums(int64_t r_begin, int64_t r_end);
 };
 

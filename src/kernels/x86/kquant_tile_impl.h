@@ -68,7 +68,7 @@ struct ActRows {
   // interleaved copy spreads them over 8 times the cache lines: on Zen 4 a 1-row Q4_K pass over
   // 1536x8960 went from 55 % to ~90 % of the memory bandwidth. Row-major for 4-row passes as well
   // helps 4 rows but costs 8 rows (two such passes) ~20 %: too many base registers.
-  static constexpr int kRowMajorRows = 2;
+  static constexpr int kRowMajorRows = QActs::kInterleaveMinRows - 1;  // ComputeSums skips qi below
   template <int R>
   const int8_t* X4(int64_t i, int r) const {
     if constexpr (R <= kRowMajorRows) {
