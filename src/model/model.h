@@ -128,7 +128,7 @@ enum ActRole : uint8_t {
 // "fine": every input as two rows (the top logits are then already as good as exact).
 constexpr uint8_t kActFineRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
 constexpr uint8_t kActAllRoles = kActFineRoles | kActTop;
-constexpr int kTopLogits = 64;
+constexpr int kTopLogits = 256;
 // The default set unless SetDefaultFineActs chose another (app/ maps MERERUN_ACTS onto it):
 // qkv + o + top, chosen by measurement (docs/performance.md, stop 20). With every role on int8
 // the fast path was further from the exact arithmetic than llama.cpp on the same file (SmolLM2
