@@ -69,14 +69,9 @@ Result<Config> ParseConfig(const std::string& spec) {
       }
       c.ref_path = value == "ref";
     } else if (key == "cpu") {
-      if (value == "scalar")
-        c.cpu = CpuVariant::kScalar;
-      else if (value == "avx2")
-        c.cpu = CpuVariant::kAvx2;
-      else if (value == "avx512")
-        c.cpu = CpuVariant::kAvx512;
-      else
-        return InvalidArgument("CONFIG '" + spec + "': cpu must be scalar, avx2 or avx512, got '" + value + "'");
+      if (!ParseCpuVariant(value, &c.cpu)) {
+        return InvalidArgument("CONFIG '" + spec + "': cpu must be scalar, avx2, avx512 or amx, got '" + value + "'");
+      }
       if (!CpuSupports(c.cpu)) {
         return InvalidArgument("CONFIG '" + spec + "': this CPU cannot run cpu=" + value);
       }

@@ -49,7 +49,7 @@ Status ApplyEnvironment() {
   }
   if (std::string v = Get("MERERUN_CPU"); !v.empty()) {
     CpuVariant c;
-    if (!ParseCpuVariant(v, &c)) return Bad("MERERUN_CPU", v, "scalar, avx2, avx512");
+    if (!ParseCpuVariant(v, &c)) return Bad("MERERUN_CPU", v, "scalar, avx2, avx512, amx");
     RequestCpuVariant(c);
   }
   if (std::string v = Get("MERERUN_WEIGHTS"); !v.empty()) {

@@ -20,6 +20,7 @@ uint64_t Xgetbv0() {
 
 struct CpuFlags {
   bool avx2 = false, fma = false, f16c = false, avx512 = false;
+  bool amx = false;  // AMX-TILE + AMX-INT8 with the tile state enabled by the OS (XCR0 bits 17, 18)
 };
 
 CpuFlags ReadCpuFlags() {
@@ -38,6 +39,9 @@ CpuFlags ReadCpuFlags() {
   f.avx2 = ymm_state && (b & bit_AVX2);
   f.avx512 = zmm_state && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ) &&
              (c & bit_AVX512VNNI);
+  constexpr unsigned kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;  // cpuid 7.0 EDX
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;
+  f.amx = f.avx512 && tile_state && (d & kAmxTile) && (d & kAmxInt8);
   return f;
 }
 
@@ -77,6 +81,14 @@ const KernelTable kAvx512 = {
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
+// AMX machines: the AVX-512 table with Q4_K's many-row matmuls on AMX tiles.
+const KernelTable kAmx = [] {
+  KernelTable t = kAvx512;
+  t.variant = CpuVariant::kAmx;
+  t.matmul_k[static_cast<int>(KFormat::kQ4K)] = &x86::MatmulQ4KAmx;
+  t.matmul_k_glu[static_cast<int>(KFormat::kQ4K)] = &x86::MatmulQ4KGluAmx;
+  return t;
+}();
 
 }  // namespace
 
@@ -88,6 +100,8 @@ const char* CpuVariantName(CpuVariant v) {
       return "avx2";
     case CpuVariant::kAvx512:
       return "avx512";
+    case CpuVariant::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -101,11 +115,14 @@ bool CpuSupports(CpuVariant v) {
       return f.avx2 && f.fma && f.f16c;
     case CpuVariant::kAvx512:
       return f.avx512 && f.fma && f.f16c;
+    case CpuVariant::kAmx:
+      return f.amx && f.fma && f.f16c && x86::AmxPermitted();
   }
   return false;
 }
 
 CpuVariant DetectCpuVariant() {
+  if (CpuSupports(CpuVariant::kAmx)) return CpuVariant::kAmx;
   if (CpuSupports(CpuVariant::kAvx512)) return CpuVariant::kAvx512;
   if (CpuSupports(CpuVariant::kAvx2)) return CpuVariant::kAvx2;
   return CpuVariant::kScalar;
@@ -116,7 +133,7 @@ std::atomic<int> g_cpu_request{-1};  // a CpuVariant, or -1: none
 }  // namespace
 
 bool ParseCpuVariant(const std::string& name, CpuVariant* v) {
-  for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
+  for (CpuVariant c : kAllCpuVariants) {
     if (name == CpuVariantName(c)) {
       *v = c;
       return true;
@@ -143,6 +160,8 @@ CpuVariant SelectedCpuVariant() {
 
 const KernelTable& GetKernels(CpuVariant v) {
   switch (v) {
+    case CpuVariant::kAmx:
+      return kAmx;
     case CpuVariant::kAvx512:
       return kAvx512;
     case CpuVariant::kAvx2:

@@ -367,8 +367,7 @@ TEST_P(VariantTest, AttentionChunkRowsMatchAloneAndExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllVariants, VariantTest,
-                         ::testing::Values(CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512),
+INSTANTIATE_TEST_SUITE_P(AllVariants, VariantTest, ::testing::ValuesIn(kAllCpuVariants),
                          [](const auto& info) { return std::string(CpuVariantName(info.param)); });
 
 TEST(Ref, RopeRotatesPairsAndKeepsNorm) {

@@ -237,7 +237,8 @@ class KKernelTest : public ::testing::TestWithParam<KCase> {
  protected:
   void SetUp() override {
     if (!CpuSupports(GetParam().cpu)) {
-      GTEST_SKIP() << CpuVariantName(GetParam().cpu) << " (VNNI for avx512) not supported on this CPU: skipped";
+      GTEST_SKIP() << CpuVariantName(GetParam().cpu)
+                   << " (VNNI for avx512, AMX-INT8 for amx) not supported on this CPU: skipped";
     }
   }
 };
@@ -253,7 +254,7 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
     for (int64_t out : {1, 15, 17, 50}) {
       const auto src = RandomBlocks(f, out, cols, static_cast<uint32_t>(out * 13 + cols));
       const KMatrix m = Pack(f, src, out, cols);
-      for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 21, 38}) {
         const auto ap = Quantize(RandomActs(n * cols, static_cast<uint32_t>(n * 5 + cols)), n, cols);
         const QActs& a = *ap;
         const int64_t t0 = m.tiles() > 2 ? 1 : 0, t1 = m.tiles() > 3 ? m.tiles() - 1 : m.tiles();
@@ -285,7 +286,7 @@ TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
   const auto [cpu, f] = GetParam();
   if (KFormatIsFloat(f)) GTEST_SKIP() << KFormatName(f) << ": FP32 arithmetic, no integer bounds to test";
   const KernelTable& k = GetKernels(cpu);
-  const int64_t cols = 512, out = 17, n = 8;
+  const int64_t cols = 512, out = 17, n = 17;  // two 8-row groups and one more; an AMX block and a tail
   for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
     auto src = RandomBlocks(f, out, cols, 5);
     const int64_t sb = KSuperBytes(f), d_at = DOffset(f);
@@ -316,7 +317,7 @@ TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
 TEST_P(KKernelTest, RowResultDoesNotDependOnRowCount) {
   const auto [cpu, f] = GetParam();
   const KernelTable& k = GetKernels(cpu);
-  const int64_t cols = 512, out = 33, n_max = 13;
+  const int64_t cols = 512, out = 33, n_max = 37;
   const KMatrix m = Pack(f, RandomBlocks(f, out, cols, 77), out, cols);
   const KMatrix u = Pack(f, RandomBlocks(f, out, cols, 78), out, cols);
   const auto x = RandomActs(n_max * cols, 79);
@@ -371,7 +372,7 @@ TEST_P(KKernelTest, FusedGluMatchesReference) {
 
 std::vector<KCase> AllCases() {
   std::vector<KCase> v;
-  for (CpuVariant c : {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512}) {
+  for (CpuVariant c : kAllCpuVariants) {
     for (KFormat f : kAllKFormats) v.push_back({c, f});
   }
   return v;

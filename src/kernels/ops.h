@@ -12,18 +12,22 @@
 
 namespace mr {
 
-enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) Q4_K matmuls (Intel Sapphire
+// Rapids and later; Linux grants the tile state per process).
+enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
+constexpr CpuVariant kAllCpuVariants[] = {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512,
+                                          CpuVariant::kAmx};
 enum class GluAct { kSilu = 0, kGeluTanh = 1 };
 
 const char* CpuVariantName(CpuVariant v);
 // Best variant this CPU supports (cpuid + xgetbv: the OS must save the vector state).
 CpuVariant DetectCpuVariant();
 // DetectCpuVariant() unless RequestCpuVariant asked for another (app/ maps MERERUN_CPU =
-// scalar|avx2|avx512 onto it); a request the CPU cannot run falls back to the best supported
+// scalar|avx2|avx512|amx onto it); a request the CPU cannot run falls back to the best supported
 // variant with a warning.
 CpuVariant SelectedCpuVariant();
 void RequestCpuVariant(std::optional<CpuVariant> v);
-// "scalar", "avx2" or "avx512" (CpuVariantName's names); false for anything else.
+// "scalar", "avx2", "avx512" or "amx" (CpuVariantName's names); false for anything else.
 bool ParseCpuVariant(const std::string& name, CpuVariant* v);
 bool CpuSupports(CpuVariant v);
 

@@ -131,6 +131,17 @@ void QActs::Resize(int64_t rows, int64_t c) {
   if (qi.size() < static_cast<size_t>(blocks * kInterleaveRows * c)) {
     qi.resize(static_cast<size_t>(blocks * kInterleaveRows * c));
   }
+  if (rows >= kBlockRows) {
+    const int64_t padded = (rows + kBlockRows - 1) / kBlockRows * kBlockRows;
+    const int64_t ng = c / kActGroup, ns = c / 32;
+    if (xs_t.size() < static_cast<size_t>(padded * ng)) xs_t.resize(static_cast<size_t>(padded * ng));
+    if (s32_t.size() < static_cast<size_t>(padded * ns)) s32_t.resize(static_cast<size_t>(padded * ns));
+    const int64_t b = rows / kBlockRows;  // the last block's padding rows: 0
+    for (int64_t r = rows % kBlockRows; r > 0 && r < kBlockRows; ++r) {
+      for (int64_t g = 0; g < ng; ++g) xs_t[static_cast<size_t>((b * ng + g) * kBlockRows + r)] = 0.0f;
+      for (int64_t j = 0; j < ns; ++j) s32_t[static_cast<size_t>((b * ns + j) * kBlockRows + r)] = 0.0f;
+    }
+  }
 }
 
 void QActs::ComputeSums(int64_t r_begin, int64_t r_end) {
@@ -150,6 +161,11 @@ void QActs::ComputeSums(int64_t r_begin, int64_t r_end) {
     for (int64_t j = 0; j < cols / 32; ++j) {
       const float scale = scales[r * (cols / kActGroup) + (32 * j) / kActGroup];
       sums32[r * (cols / 32) + j] = scale * static_cast<float>(s16[2 * j] + s16[2 * j + 1]);
+    }
+    if (n_rows >= kBlockRows) {
+      const int64_t ng = cols / kActGroup, ns = cols / 32, b = r / kBlockRows, o = r % kBlockRows;
+      for (int64_t g = 0; g < ng; ++g) xs_t[static_cast<size_t>((b * ng + g) * kBlockRows + o)] = scales[r * ng + g];
+      for (int64_t j = 0; j < ns; ++j) s32_t[static_cast<size_t>((b * ns + j) * kBlockRows + o)] = sums32[r * ns + j];
     }
   }
 }

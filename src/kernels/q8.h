@@ -105,9 +105,17 @@ struct QActs {
   // stay in L1 where the interleaved copy would not), so decode skips the copy.
   static constexpr int64_t kInterleaveMinRows = 3;
   std::vector<int8_t> qi;
+  // scales and sums32 again for blocks of kBlockRows rows, transposed so that the block's values
+  // of one group sit side by side (the AMX kernels read a row's at a constant offset): for row r
+  // of block b = r / 16, xs_t[(b * (cols / kActGroup) + g) * 16 + r % 16] and
+  // s32_t[(b * (cols / 32) + j) * 16 + r % 16]. Only filled when n_rows >= kBlockRows; the rows
+  // past n_rows in the last block hold 0.
+  static constexpr int64_t kBlockRows = 16;
+  std::vector<float> xs_t, s32_t;
   // Grows the buffers (never shrinks them) for rows x c inputs (c % kActGroup == 0).
   void Resize(int64_t rows, int64_t c);
-  // Fills sums16, sums32 and (n_rows >= kInterleaveMinRows) qi of rows [r_begin, r_end) from q
+  // Fills sums16, sums32, (n_rows >= kInterleaveMinRows) qi and (n_rows >= kBlockRows) xs_t and
+  // s32_t of rows [r_begin, r_end) from q
   // and scales (threads may fill disjoint row ranges at once).
   void ComputeSums(int64_t r_begin, int64_t r_end);
 };

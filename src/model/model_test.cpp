@@ -301,8 +301,9 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
 }
 
 std::unique_ptr<Model> LoadTiny(const std::string& path, bool ref_path, WeightMode weights = WeightMode::kNative,
-                                uint8_t fine_acts = 0) {
+                                uint8_t fine_acts = 0, CpuVariant cpu = SelectedCpuVariant()) {
   LoadOptions o;
+  o.cpu = cpu;
   o.n_threads = 2;
   o.ref_path = ref_path;
   o.weights = weights;
@@ -445,6 +446,18 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
       std::vector<float> row(all->begin() + t * V, all->begin() + (t + 1) * V);
       EXPECT_EQ(MaxAbsDiff(row, one), 0.0f) << s.arch << " position " << t;  // bit-identical
     }
+  }
+  // AMX machines: prefill rows on the AMX kernels (16 rows and more) give the AVX-512 kernels'
+  // numbers bit for bit.
+  if (CpuSupports(CpuVariant::kAmx)) {
+    auto avx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAvx512);
+    auto amx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAmx);
+    ASSERT_TRUE(avx && amx);
+    std::vector<TokenId> many(37);
+    for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<TokenId>((7 * i + 3) % V);
+    EXPECT_EQ(MaxAbsDiff(AllLogits(*avx, many, V), AllLogits(*amx, many, V)), 0.0) << s.arch;
+  } else {
+    std::printf("[%s] amx: not supported on this CPU, AMX-vs-AVX-512 check skipped\n", s.arch.c_str());
   }
   std::filesystem::remove(path);
 }

@@ -9,6 +9,7 @@
 //   prefill: one Forward over `prefill` tokens (tok/s).
 // Each measurement is the median of `reps` repetitions, interleaved across kinds.
 // Usage: mererun_kbench MODEL.gguf [threads=2] [reps=5] [prefill=512] [weights=native|q8g64]
+// MERERUN_CPU=scalar|avx2|avx512|amx picks the kernel variant (default: the best the CPU has).
 // Prints a table to stderr and one JSON object to stdout.
 #include <time.h>
 
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
   o.n_threads = threads;
   if (argc > 5 && !mr::ParseWeightMode(argv[5], &o.weights)) {
     std::fprintf(stderr, "weights: native or q8g64, not '%s'\n", argv[5]);
+    return 2;
+  }
+  if (const char* cpu = std::getenv("MERERUN_CPU"); cpu && !mr::ParseCpuVariant(cpu, &o.cpu)) {
+    std::fprintf(stderr, "MERERUN_CPU: scalar, avx2, avx512 or amx, not '%s'\n", cpu);
     return 2;
   }
   auto loaded = mr::Model::Load(argv[1], o);

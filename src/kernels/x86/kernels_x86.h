@@ -47,6 +47,10 @@ MR_DECLARE_K_KERNELS(Q40, Avx512)
 MR_DECLARE_K_KERNELS(Q5K, Avx512)
 MR_DECLARE_K_KERNELS(F16, Avx512)
 MR_DECLARE_K_KERNELS(BF16, Avx512)
+// AMX-INT8 (CpuVariant::kAmx): Q4_K with 16 or more rows on AMX tiles, fewer on the AVX-512 kernel.
+MR_DECLARE_K_KERNELS(Q4K, Amx)
 #undef MR_DECLARE_K_KERNELS
+// Whether this process may use the AMX tile state (asked of the OS once, on the first call).
+bool AmxPermitted();
 
 }  // namespace mr::x86

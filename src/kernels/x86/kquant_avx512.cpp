@@ -19,6 +19,11 @@
 // made GCC keep the rows' accumulators in memory, and Q4_0 / Q4_1 ran 8 rows at half speed.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <vector>
+
 #include "kernels/x86/kernels_x86.h"
 #include "kernels/x86/kquant_tile_impl.h"
 
@@ -42,6 +47,27 @@ struct Q4KScales {
   alignas(64) float dsc[8][16];
   alignas(64) float dmm[8][16];
 };
+
+// acc plus one row's activation group k of a Q4_K / Q5_K super-block: the integer sums of its
+// sub-blocks 2k (lo) and 2k + 1 (hi) scaled by d * sc and the activation scale, minus the
+// minimum terms dmin * m * sum(x). xs: the row's scales from the group's, s32: its sums32 from
+// the group's first sub-block; consecutive scales and sums `stride` floats apart. Every kernel of these formats (VNNI
+// and AMX) ends a group here, so a row's result is the same whichever kernel and row count computed it.
+[[gnu::always_inline]] inline __m512 Q4KGroupTail(__m512i lo, __m512i hi, const Q4KScales& m, int k, const float* xs,
+                                                  const float* s32, __m512 acc, int64_t stride = 1) {
+  if constexpr (kActGroup == 64) {
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_load_ps(m.dsc[2 * k]));
+    f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_load_ps(m.dsc[2 * k + 1]), f);
+    acc = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[0]), acc);
+  } else {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k]), _mm512_set1_ps(xs[0])),
+                          acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi),
+                          _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k + 1]), _mm512_set1_ps(xs[stride])), acc);
+  }
+  acc = _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k]), _mm512_set1_ps(s32[0]), acc);
+  return _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k + 1]), _mm512_set1_ps(s32[stride]), acc);
+}
 
 // Q4_K, and Q5_K (kFifth) whose quants add a fifth bit from qh: per 64-input group k, bit 2k of
 // qh byte l for input l, bit 2k + 1 for input 32 + l (chunk c of the tile's qh holds qh[4c..+3]
@@ -146,22 +172,7 @@ struct K4 {
         lo = _mm512_add_epi32(lo, ilo[1][r]);
         hi = _mm512_add_epi32(hi, ihi[1][r]);
       }
-      const float* xs = a.Xs(r);
-      if constexpr (kActGroup == 64) {
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_load_ps(m.dsc[2 * k]));
-        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_load_ps(m.dsc[2 * k + 1]), f);
-        acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(xs[i0 / kActGroup]), acc[r]);
-      } else {
-        acc[r] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo),
-                            _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k]), _mm512_set1_ps(xs[i0 / kActGroup])), acc[r]);
-        acc[r] = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(hi),
-            _mm512_mul_ps(_mm512_load_ps(m.dsc[2 * k + 1]), _mm512_set1_ps(xs[i0 / kActGroup + 1])), acc[r]);
-      }
-      const float* s32 = a.S32(r) + i0 / 32;
-      acc[r] = _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k]), _mm512_set1_ps(s32[0]), acc[r]);
-      acc[r] = _mm512_fnmadd_ps(_mm512_load_ps(m.dmm[2 * k + 1]), _mm512_set1_ps(s32[1]), acc[r]);
+      acc[r] = Q4KGroupTail(lo, hi, m, k, a.Xs(r) + i0 / kActGroup, a.S32(r) + i0 / 32, acc[r]);
     }
   }
 };
@@ -554,7 +565,263 @@ struct FTile {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// AMX-INT8 (CpuVariant::kAmx: Intel Sapphire Rapids and later): Q4_K against many activation
+// rows. The tile layout's 64-byte chunk c of a group (4 quants of each of 16 outputs) is a row of
+// an AMX B tile as it stands: masked to its low nibbles, chunks 0..7 are the B tile (8 rows x 64
+// bytes: K = 32 inputs x 16 outputs, u8) of sub-block 2k; masked to its high nibbles, in place
+// (16 q, as the VNNI kernel), of sub-block 2k + 1. A is 16 activation rows x 32 int8 inputs read
+// straight from QActs::q (stride cols), and one TDPBSUD per sub-block leaves the exact int32 sum
+// of every (row, output), the same integers vpdpbusd accumulates; Q4KGroupTail then scales them
+// in the same FP32 order, so a row's result is bit-identical to the VNNI kernel's (speculative
+// verification and prefill agree with decode). What AMX removes is the 16 vpdpbusd per row and
+// group; the FP32 tail per row remains, so Q4_K rows cost about half.
+// Functions using the tiles carry the target attribute; AmxPermitted() asks the kernel for the
+// tile state (arch_prctl) once per process, and CpuSupports(kAmx) requires it.
+
+#define MR_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
+
+constexpr int kAmxRows = 16;  // activation rows per A tile
+// Fewer rows run the VNNI kernel (it reads the rows' activations from registers and L1; the AMX
+// kernel's per-group cost is the same from 1 to 16 rows but for the FP32 tails).
+constexpr int64_t kAmxMinRows = 16;
+
+// Palette 1: tmm0/1 and tmm2/3 two pairs of int32 sums (sub-blocks 2k and 2k + 1, 16 rows x 16
+// outputs: groups alternate between them so one group's tile work overlaps the previous group's
+// FP32 tails), tmm4/5 the activation rows' inputs of the two sub-blocks (16 rows x 32 bytes),
+// tmm6/7 their weights (8 rows x 64 bytes).
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8, 8};
+};
+
+// 16 activation rows as the AMX kernel reads them: q row-major with stride cols (tile loads), and
+// their scales and sums32 transposed (QActs::xs_t, s32_t: xs[g * 16 + r], s32[j * 16 + r]), so
+// each row's values sit at a constant offset from one pointer.
+struct AmxRows {
+  const int8_t* q;
+  const float* xs;
+  const float* s32;
+  int64_t cols;
+};
+static_assert(QActs::kBlockRows == kAmxRows && kAmxMinRows >= QActs::kBlockRows);
+
+// Rows [r0, r0 + 16) of x (r0 % 16 == 0); past n_rows, q is a copy padded with zero rows (their
+// scales and sums are 0, and their outputs are not stored).
+class AmxRowBlocks {
+ public:
+  AmxRowBlocks(const QActs& x, int64_t n_rows) : x_(x), n_rows_(n_rows) {}
+  AmxRows At(int64_t r0) {
+    const int64_t c = x_.cols, n = n_rows_ - r0 < kAmxRows ? n_rows_ - r0 : kAmxRows;
+    const float* xs = x_.xs_t.data() + r0 * (c / kActGroup);
+    const float* s32 = x_.s32_t.data() + r0 * (c / 32);
+    if (n == kAmxRows) return {x_.q.data() + r0 * c, xs, s32, c};
+    q_.assign(static_cast<size_t>(kAmxRows * c), 0);
+    std::memcpy(q_.data(), x_.q.data() + r0 * c, static_cast<size_t>(n * c));
+    return {q_.data(), xs, s32, c};
+  }
+
+ private:
+  const QActs& x_;
+  int64_t n_rows_;
+  std::vector<int8_t> q_;
+};
+
+// A chunk of tiles of one Q4_K matrix made ready for the tiles once, for every row block: per
+// (tile, super-block) the decoded scales, and per group k the two B tiles (low nibbles, then the
+// high nibbles in place: 2 x 512 bytes).
+constexpr int64_t kQ4KAmxGroupBytes = 1024;
+struct Q4KAmxChunk {
+  int64_t supers = 0;
+  std::vector<Q4KScales> scales;  // (tiles, supers)
+  std::vector<uint8_t> b;         // (tiles, supers, 4 groups, 1024)
+
+  void Prepare(const KMatrix& w, int64_t t0, int64_t t1) {
+    supers = w.supers();
+    const int64_t n = (t1 - t0) * supers;
+    scales.resize(static_cast<size_t>(n));
+    b.resize(static_cast<size_t>(n * 4 * kQ4KAmxGroupBytes + 64));
+    uint8_t* dst = Aligned();
+    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* blk = w.block(t0 + i / supers, i % supers);
+      K4<false>::Decode(blk, &scales[static_cast<size_t>(i)]);
+      const uint8_t* q = blk + K4<false>::kHeadBytes;
+      for (int k = 0; k < 4; ++k, q += 512, dst += kQ4KAmxGroupBytes) {
+        for (int c = 0; c < 8; ++c) {
+          const __m512i v = _mm512_loadu_si512(q + 64 * c);
+          _mm512_store_si512(dst + 64 * c, _mm512_and_si512(v, m0f));
+          _mm512_store_si512(dst + 512 + 64 * c, _mm512_and_si512(v, mf0));
+        }
+      }
+    }
+  }
+  // The B tiles of tile i of the chunk (its first super-block's first group).
+  const uint8_t* Tiles(int64_t i) const { return Aligned() + i * supers * 4 * kQ4KAmxGroupBytes; }
+  const Q4KScales* Scales(int64_t i) const { return scales.data() + i * supers; }
+
+ private:
+  uint8_t* Aligned() const {
+    auto p = reinterpret_cast<uintptr_t>(b.data());
+    return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
+  }
+};
+
+// One group's integer sums on the tiles: the activation rows' 64 inputs at aq (row stride
+// `stride`) against the group's two B tiles at bt, into C pair (C0, C1); MR_Q4K_AMX_STORE writes
+// the pair to c[0], c[1]. Macros: the tile operands must be literal register numbers.
+#define MR_Q4K_AMX_DOT(C0, C1, aq, stride, bt) \
+  do {                                         \
+    _tile_zero(C0);                            \
+    _tile_zero(C1);                            \
+    _tile_loadd(4, (aq), (stride));            \
+    _tile_loadd(5, (aq) + 32, (stride));       \
+    _tile_loadd(6, (bt), 64);                  \
+    _tile_loadd(7, (bt) + 512, 64);            \
+    _tile_dpbsud(C0, 4, 6);                    \
+    _tile_dpbsud(C1, 5, 7);                    \
+  } while (0)
+#define MR_Q4K_AMX_STORE(C0, C1, c) \
+  do {                              \
+    _tile_stored(C0, (c)[0], 64);   \
+    _tile_stored(C1, (c)[1], 64);   \
+  } while (0)
+
+// Tile i of a prepared chunk against the R (<= 16) first rows of a 16-row block: out[r] = the
+// 16 outputs of row r. The groups of the whole tile run as one sequence g = 4 s + k: the tile
+// products of group g + 1 are issued before the FP32 tails of group g and stored after them (a
+// load after a tile store waits for it, so stores before the tails would serialize the two).
+template <int R>
+MR_AMX_TARGET void Q4KAmxTile(const Q4KAmxChunk& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
+  __m512 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  alignas(64) int32_t c[2][2][kAmxRows][kKTile];
+  const int64_t groups = ch.supers * 4;
+  const uint8_t* bt = ch.Tiles(i);
+  const Q4KScales* sc = ch.Scales(i);
+  MR_Q4K_AMX_DOT(0, 1, a.q, a.cols, bt);
+  MR_Q4K_AMX_STORE(0, 1, c[0]);
+  for (int64_t g = 0; g < groups; ++g) {
+    const bool next = g + 1 < groups;
+    if (next) {
+      const int8_t* aq = a.q + 64 * (g + 1);
+      const uint8_t* b1 = bt + (g + 1) * kQ4KAmxGroupBytes;
+      if (g & 1) {
+        MR_Q4K_AMX_DOT(0, 1, aq, a.cols, b1);
+      } else {
+        MR_Q4K_AMX_DOT(2, 3, aq, a.cols, b1);
+      }
+    }
+    if (g + 2 < groups) {
+      const uint8_t* pf = bt + (g + 2) * kQ4KAmxGroupBytes;
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+      const int8_t* pa = a.q + 64 * (g + 2);
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(pa + l * a.cols), _MM_HINT_T0);
+    }
+    const auto& cg = c[g & 1];
+    const Q4KScales& m = sc[g / 4];
+    const int k = static_cast<int>(g % 4);
+    const int64_t i0 = 64 * g;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc[r] = Q4KGroupTail(_mm512_load_si512(cg[0][r]), _mm512_load_si512(cg[1][r]), m, k,
+                            a.xs + (i0 / kActGroup) * kAmxRows + r, a.s32 + (i0 / 32) * kAmxRows + r, acc[r], kAmxRows);
+    }
+    if (next) {
+      if (g & 1) {
+        MR_Q4K_AMX_STORE(0, 1, c[0]);
+      } else {
+        MR_Q4K_AMX_STORE(2, 3, c[1]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_sub_ps(acc[r], _mm512_setzero_ps()));
+}
+
+// Q4KAmxTile for the first nr rows (the row count rounded up to 4: fewer FP32 tails to run).
+MR_AMX_TARGET void Q4KAmxRows(int nr, const Q4KAmxChunk& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
+  if (nr <= 4) return Q4KAmxTile<4>(ch, i, a, out);
+  if (nr <= 8) return Q4KAmxTile<8>(ch, i, a, out);
+  if (nr <= 12) return Q4KAmxTile<12>(ch, i, a, out);
+  return Q4KAmxTile<16>(ch, i, a, out);
+}
+
+// For every L2 chunk of tiles of [t_begin, t_end): prepare(c0, c1), then visit(t, a, r0, nr) for
+// every block of up to 16 rows and tile of the chunk, with the tile configuration loaded.
+template <class Prepare, class Visit>
+MR_AMX_TARGET void ForEachAmxBlock(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_t t_begin, int64_t t_end,
+                                   Prepare prepare, Visit visit) {
+  static const AmxConfig kConfig;
+  _tile_loadconfig(&kConfig);
+  AmxRowBlocks blocks(x, n_rows);
+  for (int64_t c0 = t_begin; c0 < t_end; c0 += chunk_tiles) {
+    const int64_t c1 = c0 + chunk_tiles < t_end ? c0 + chunk_tiles : t_end;
+    prepare(c0, c1);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kAmxRows) {
+      const int nr = static_cast<int>(n_rows - r0 < kAmxRows ? n_rows - r0 : kAmxRows);
+      const AmxRows a = blocks.At(r0);
+      for (int64_t t = c0; t < c1; ++t) visit(t - c0, t, a, r0, nr);
+    }
+  }
+  _tile_release();
+}
+
 }  // namespace
+
+namespace mr::x86 {
+
+bool AmxPermitted() {
+  // Linux: the AMX tile data state is off until a process asks for it (ARCH_REQ_XCOMP_PERM).
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+  static const bool ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+  return ok;
+}
+
+void MatmulQ4KAmx(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+                  int64_t t_end) {
+  if (n_rows < kAmxMinRows || !AmxPermitted()) return MatmulQ4KAvx512(w, x, n_rows, y, ldy, t_begin, t_end);
+  alignas(64) float out[kAmxRows][kKTile];
+  thread_local Q4KAmxChunk ch;
+  ForEachAmxBlock(
+      x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t c0, int64_t c1) { ch.Prepare(w, c0, c1); },
+      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
+        Q4KAmxRows(nr, ch, i, a, out);
+        for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
+      });
+}
+
+void MatmulQ4KGluAmx(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
+                     int64_t ldy, int64_t t_begin, int64_t t_end) {
+  if (n_rows < kAmxMinRows || !AmxPermitted()) {
+    return MatmulQ4KGluAvx512(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+  }
+  alignas(64) float og[kAmxRows][kKTile];
+  alignas(64) float ou[kAmxRows][kKTile];
+  thread_local Q4KAmxChunk cg, cu;
+  ForEachAmxBlock(
+      x, n_rows, KChunkTiles(gate, 2), t_begin, t_end,
+      [&](int64_t c0, int64_t c1) {
+        cg.Prepare(gate, c0, c1);
+        cu.Prepare(up, c0, c1);
+      },
+      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
+        Q4KAmxRows(nr, cg, i, a, og);
+        Q4KAmxRows(nr, cu, i, a, ou);
+        for (int r = 0; r < nr; ++r) {
+          GluRow(og[r], ou[r], act);
+          StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
+        }
+      });
+}
+
+}  // namespace mr::x86
 
 namespace mr::x86 {
 

@@ -115,6 +115,11 @@ inline void StoreKTile(const float* out, int64_t rows, int64_t t, float* y) {
   std::memcpy(y + o0, out, static_cast<size_t>(n) * sizeof(float));
 }
 
+// g[o] = act(g[o]) * u[o] for the 16 outputs of a tile (64-byte aligned).
+inline void GluRow(float* g, const float* u, mr::GluAct act) {
+  for (int h = 0; h < kKTile; h += 8) _mm256_store_ps(g + h, Glu8(_mm256_load_ps(g + h), _mm256_load_ps(u + h), act));
+}
+
 inline int64_t KChunkTiles(const KMatrix& w, int64_t n_mats) {
   const int64_t per_tile = w.supers() * mr::KBlockBytes(w.format) * n_mats;
   const int64_t c = kKChunkBytes / per_tile;
@@ -181,9 +186,7 @@ void MatmulKGluTiles(const KMatrix& gate, const KMatrix& up, const QActs& x, int
                     Tile::Run(gate, t, a, nr, og);
                     Tile::Run(up, t, a, nr, ou);
                     for (int r = 0; r < nr; ++r) {
-                      for (int h = 0; h < kKTile; h += 8) {
-                        _mm256_store_ps(og[r] + h, Glu8(_mm256_load_ps(og[r] + h), _mm256_load_ps(ou[r] + h), act));
-                      }
+                      GluRow(og[r], ou[r], act);
                       StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
                     }
                   });
