@@ -12,8 +12,8 @@
 
 namespace mr {
 
-// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) Q4_K matmuls (Intel Sapphire
-// Rapids and later; Linux grants the tile state per process).
+// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) matmuls of Q4_K and the 32-input
+// integer formats (Intel Sapphire Rapids and later; Linux grants the tile state per process).
 enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 constexpr CpuVariant kAllCpuVariants[] = {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512,
                                           CpuVariant::kAmx};

@@ -283,6 +283,18 @@ struct Q6K {
 // ---------------------------------------------------------------------------------------------
 // Q5_0 and Q4_1: 32-input blocks, one f16 d per (row, block)
 
+// The FP32 steps of one (row, 32-input block) of the 32-input formats, shared by their VNNI and
+// AMX kernels so that a row's result is the same whichever computed it. `dot`: the block's exact
+// integer dot product (offsets removed); xs: the row's activation scale; d: the 16 outputs' d.
+// acc + d * (xs * dot): Q8_0, Q4_0 and Q4_1 (whose minimum goes to a separate accumulator).
+[[gnu::always_inline]] inline __m512 BlockTail(__m512i dot, float xs, __m512 d, __m512 acc) {
+  return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs)), d, acc);
+}
+// Q5_0 (sum over u8 quants in [0, 31], ggml's -16 offset from sums32 s): acc + d * (xs * sum - 16 s).
+[[gnu::always_inline]] inline __m512 Q50BlockTail(__m512i sum, float xs, float s, __m512 d, __m512 acc) {
+  return _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(xs), _mm512_set1_ps(16 * s)), d, acc);
+}
+
 // Bit i (0..3) of x at bit 4 of byte i: table of the 16 values of x, for vpermd. A lane of
 // (qh >> 4c) indexes it with its low 4 bits: the fifth bits of inputs 4c..4c+3, in place for the
 // 4 quant bytes of chunk c.
@@ -334,9 +346,7 @@ struct Q50 {
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 f = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ilo[r], ihi[r])),
-                                       _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]), _mm512_set1_ps(16 * a.S32(r)[i0 / 32]));
-      acc[r] = _mm512_fmadd_ps(f, m.d, acc[r]);
+      acc[r] = Q50BlockTail(_mm512_add_epi32(ilo[r], ihi[r]), a.Xs(r)[i0 / kActGroup], a.S32(r)[i0 / 32], m.d, acc[r]);
     }
   }
 };
@@ -390,8 +400,7 @@ struct Q41 {
     NibbleDots<R>(blk + 64, a, i0, dot);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
-      acc[r] = _mm512_fmadd_ps(f, m.d, acc[r]);
+      acc[r] = BlockTail(dot[r], a.Xs(r)[i0 / kActGroup], m.d, acc[r]);
       mins[r] = _mm512_fnmadd_ps(m.m, _mm512_set1_ps(a.S32(r)[i0 / 32]), mins[r]);
     }
   }
@@ -414,8 +423,7 @@ template <int kOffset>
                                                 __m512 acc) {
   const int16_t* s16 = a.S16(r) + i0 / 16;
   const __m512i dot = _mm512_sub_epi32(sum, _mm512_set1_epi32(kOffset * (int32_t{s16[0]} + int32_t{s16[1]})));
-  const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(a.Xs(r)[i0 / kActGroup]));
-  return _mm512_fmadd_ps(f, d, acc);
+  return BlockTail(dot, a.Xs(r)[i0 / kActGroup], d, acc);
 }
 
 // Q8_0 and Q4_0's block head: the f16 d of the 16 rows.
@@ -566,16 +574,18 @@ struct FTile {
 };
 
 // ---------------------------------------------------------------------------------------------
-// AMX-INT8 (CpuVariant::kAmx: Intel Sapphire Rapids and later): Q4_K against many activation
-// rows. The tile layout's 64-byte chunk c of a group (4 quants of each of 16 outputs) is a row of
-// an AMX B tile as it stands: masked to its low nibbles, chunks 0..7 are the B tile (8 rows x 64
-// bytes: K = 32 inputs x 16 outputs, u8) of sub-block 2k; masked to its high nibbles, in place
-// (16 q, as the VNNI kernel), of sub-block 2k + 1. A is 16 activation rows x 32 int8 inputs read
-// straight from QActs::q (stride cols), and one TDPBSUD per sub-block leaves the exact int32 sum
-// of every (row, output), the same integers vpdpbusd accumulates; Q4KGroupTail then scales them
-// in the same FP32 order, so a row's result is bit-identical to the VNNI kernel's (speculative
-// verification and prefill agree with decode). What AMX removes is the 16 vpdpbusd per row and
-// group; the FP32 tail per row remains, so Q4_K rows cost about half.
+// AMX-INT8 (CpuVariant::kAmx: Intel Sapphire Rapids and later): the integer formats against 16
+// or more activation rows. The tile layout's 64-byte chunks (4 quants of each of 16 outputs) are
+// rows of an AMX B tile (K/4 rows x 64 bytes: 16 outputs x 4 inputs) once the quants are
+// unpacked: per 32 inputs, 8 rows of u8 (Q4_K, Q4_1, Q5_0) or s8 (Q8_0, Q4_0 minus its offset)
+// quants. A is 16 activation rows x 32 int8 inputs read straight from QActs::q (stride cols), and
+// one TDPBSUD / TDPBSSD per 32 inputs leaves the exact int32 sum of every (row, output): the
+// same integers the VNNI kernels compute, which the same FP32 tail (Q4KGroupTail, BlockTail,
+// Q50BlockTail) then scales in the same order, so a row's result is bit-identical to the VNNI
+// kernel's (speculative verification and prefill agree with decode). Per L2 chunk of tiles the
+// B tiles and decoded scales are made once (AmxChunk) and reused by every block of 16 rows.
+// What AMX removes is the vpdpbusd work per row; the FP32 tail per (row, 32 inputs) and the tile
+// stores remain (docs/architecture.md has the measured split).
 // Functions using the tiles carry the target attribute; AmxPermitted() asks the kernel for the
 // tile state (arch_prctl) once per process, and CpuSupports(kAmx) requires it.
 
@@ -583,13 +593,13 @@ struct FTile {
 
 constexpr int kAmxRows = 16;  // activation rows per A tile
 // Fewer rows run the VNNI kernel (it reads the rows' activations from registers and L1; the AMX
-// kernel's per-group cost is the same from 1 to 16 rows but for the FP32 tails).
+// kernel's per-step cost is the same from 1 to 16 rows but for the FP32 tails).
 constexpr int64_t kAmxMinRows = 16;
+constexpr int64_t kAmxBTileBytes = 512;  // 8 rows x 64 bytes: 32 inputs of 16 outputs
 
-// Palette 1: tmm0/1 and tmm2/3 two pairs of int32 sums (sub-blocks 2k and 2k + 1, 16 rows x 16
-// outputs: groups alternate between them so one group's tile work overlaps the previous group's
-// FP32 tails), tmm4/5 the activation rows' inputs of the two sub-blocks (16 rows x 32 bytes),
-// tmm6/7 their weights (8 rows x 64 bytes).
+// Palette 1: tmm0/1 and tmm2/3 two pairs of int32 sums (16 rows x 16 outputs; steps alternate
+// between them so one step's tile work overlaps the previous step's FP32 tails), tmm4/5 the
+// activation rows' inputs (16 rows x 32 bytes), tmm6/7 the weights (8 rows x 64 bytes).
 struct alignas(64) AmxConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -630,38 +640,133 @@ class AmxRowBlocks {
   std::vector<int8_t> q_;
 };
 
-// A chunk of tiles of one Q4_K matrix made ready for the tiles once, for every row block: per
-// (tile, super-block) the decoded scales, and per group k the two B tiles (low nibbles, then the
-// high nibbles in place: 2 x 512 bytes).
-constexpr int64_t kQ4KAmxGroupBytes = 1024;
-struct Q4KAmxChunk {
+// The formats on AMX. A step is kTdp tile products of 32 inputs each (Q4_K: a 64-input group,
+// its two sub-blocks, whose FP32 tail is one; the others: one 32-input block), kSteps steps per
+// super-block. Prepare decodes a super-block's scales and writes its steps' B tiles;
+// Tail(r, ...) adds row r's step to acc; Min (kMins) is Q4_1's separate minimum accumulator.
+struct AmxQ4K {
+  static constexpr int kTdp = 2, kSteps = 4;
+  static constexpr bool kSigned = false, kMins = false;
+  using Scales = Q4KScales;
+  static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
+    K4<false>::Decode(blk, sc);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+    const uint8_t* q = blk + K4<false>::kHeadBytes;
+    for (int k = 0; k < 4; ++k, q += 512, b += 2 * kAmxBTileBytes) {
+      for (int c = 0; c < 8; ++c) {  // low nibbles: sub-block 2k; high nibbles in place (16 q): 2k + 1
+        const __m512i v = _mm512_loadu_si512(q + 64 * c);
+        _mm512_store_si512(b + 64 * c, _mm512_and_si512(v, m0f));
+        _mm512_store_si512(b + kAmxBTileBytes + 64 * c, _mm512_and_si512(v, mf0));
+      }
+    }
+  }
+  [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t* c1, const Scales& sc, int k,
+                                            const AmxRows& a, int64_t i0, int r, __m512 acc) {
+    return Q4KGroupTail(_mm512_load_si512(c0), _mm512_load_si512(c1), sc, k, a.xs + (i0 / kActGroup) * kAmxRows + r,
+                        a.s32 + (i0 / 32) * kAmxRows + r, acc, kAmxRows);
+  }
+};
+
+// The 32-input formats: d (and Q4_1's m) of the 16 outputs per block.
+struct AmxBlockScales {
+  alignas(64) float d[16];
+  alignas(64) float m[16];
+};
+inline void AmxDecodeD(const uint8_t* blk, AmxBlockScales* sc) {
+  _mm512_store_ps(sc->d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))));
+}
+// The 4 nibble chunks at q as a B tile: low nibbles (inputs 4c..+3) in rows 0..3, high nibbles
+// (16 + 4c..+3) in rows 4..7, minus `off` (Q4_0's 8, as s8).
+inline void AmxNibbleTile(const uint8_t* q, int off, uint8_t* b) {
+  const __m512i m0f = _mm512_set1_epi8(0x0F), o = _mm512_set1_epi8(static_cast<char>(off));
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(q + 64 * c);
+    _mm512_store_si512(b + 64 * c, _mm512_sub_epi8(_mm512_and_si512(v, m0f), o));
+    _mm512_store_si512(b + 256 + 64 * c, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f), o));
+  }
+}
+
+template <bool kQ4_1>
+struct AmxNibbles {  // Q4_1 (d, m; u8 nibbles) and Q4_0 (d; nibbles - 8 as s8)
+  static constexpr int kTdp = 1, kSteps = 1;
+  static constexpr bool kSigned = !kQ4_1, kMins = kQ4_1;
+  using Scales = AmxBlockScales;
+  static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
+    AmxDecodeD(blk, sc);
+    if constexpr (kQ4_1) {
+      _mm512_store_ps(sc->m, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32))));
+      AmxNibbleTile(blk + 64, 0, b);
+    } else {
+      AmxNibbleTile(blk + 32, 8, b);
+    }
+  }
+  [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
+                                            int64_t i0, int r, __m512 acc) {
+    return BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], _mm512_load_ps(sc.d), acc);
+  }
+  [[gnu::always_inline]] static __m512 Min(const Scales& sc, const AmxRows& a, int64_t i0, int r, __m512 mins) {
+    return _mm512_fnmadd_ps(_mm512_load_ps(sc.m), _mm512_set1_ps(a.s32[(i0 / 32) * kAmxRows + r]), mins);
+  }
+};
+
+struct AmxQ50 {  // 5-bit quants, u8 in [0, 31]
+  static constexpr int kTdp = 1, kSteps = 1;
+  static constexpr bool kSigned = false, kMins = false;
+  using Scales = AmxBlockScales;
+  static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
+    AmxDecodeD(blk, sc);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), table = FifthBitTable(), qh = _mm512_loadu_si512(blk + 32);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(blk + 96 + 64 * c);
+      _mm512_store_si512(b + 64 * c, _mm512_or_si512(_mm512_and_si512(v, m0f),
+                                                     _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * c), table)));
+      _mm512_store_si512(b + 256 + 64 * c,
+                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
+                                         _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 16 + 4 * c), table)));
+    }
+  }
+  [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
+                                            int64_t i0, int r, __m512 acc) {
+    return Q50BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], a.s32[(i0 / 32) * kAmxRows + r],
+                        _mm512_load_ps(sc.d), acc);
+  }
+};
+
+struct AmxQ80 {  // s8 quants: the 8 chunks are the B tile as stored
+  static constexpr int kTdp = 1, kSteps = 1;
+  static constexpr bool kSigned = true, kMins = false;
+  using Scales = AmxBlockScales;
+  static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
+    AmxDecodeD(blk, sc);
+    std::memcpy(b, blk + 32, kAmxBTileBytes);
+  }
+  [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
+                                            int64_t i0, int r, __m512 acc) {
+    return BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], _mm512_load_ps(sc.d), acc);
+  }
+};
+
+// A chunk of tiles of one matrix made ready for the tiles once, for every row block: per (tile,
+// super-block) the decoded scales and the B tiles of its steps.
+template <class F>
+struct AmxChunk {
+  static constexpr int64_t kSuperBytes = F::kSteps * F::kTdp * kAmxBTileBytes;
   int64_t supers = 0;
-  std::vector<Q4KScales> scales;  // (tiles, supers)
-  std::vector<uint8_t> b;         // (tiles, supers, 4 groups, 1024)
+  std::vector<typename F::Scales> scales;  // (tiles, supers)
+  std::vector<uint8_t> b;                  // (tiles, supers, kSuperBytes), 64-byte aligned
 
   void Prepare(const KMatrix& w, int64_t t0, int64_t t1) {
     supers = w.supers();
     const int64_t n = (t1 - t0) * supers;
     scales.resize(static_cast<size_t>(n));
-    b.resize(static_cast<size_t>(n * 4 * kQ4KAmxGroupBytes + 64));
-    uint8_t* dst = Aligned();
-    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+    b.resize(static_cast<size_t>(n * kSuperBytes + 64));
     for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* blk = w.block(t0 + i / supers, i % supers);
-      K4<false>::Decode(blk, &scales[static_cast<size_t>(i)]);
-      const uint8_t* q = blk + K4<false>::kHeadBytes;
-      for (int k = 0; k < 4; ++k, q += 512, dst += kQ4KAmxGroupBytes) {
-        for (int c = 0; c < 8; ++c) {
-          const __m512i v = _mm512_loadu_si512(q + 64 * c);
-          _mm512_store_si512(dst + 64 * c, _mm512_and_si512(v, m0f));
-          _mm512_store_si512(dst + 512 + 64 * c, _mm512_and_si512(v, mf0));
-        }
-      }
+      F::Prepare(w.block(t0 + i / supers, i % supers), &scales[static_cast<size_t>(i)], Aligned() + i * kSuperBytes);
     }
   }
-  // The B tiles of tile i of the chunk (its first super-block's first group).
-  const uint8_t* Tiles(int64_t i) const { return Aligned() + i * supers * 4 * kQ4KAmxGroupBytes; }
-  const Q4KScales* Scales(int64_t i) const { return scales.data() + i * supers; }
+  // The B tiles and scales of tile i of the chunk, from its first super-block.
+  const uint8_t* Tiles(int64_t i) const { return Aligned() + i * supers * kSuperBytes; }
+  const typename F::Scales* Scales(int64_t i) const { return scales.data() + i * supers; }
 
  private:
   uint8_t* Aligned() const {
@@ -670,91 +775,139 @@ struct Q4KAmxChunk {
   }
 };
 
-// One group's integer sums on the tiles: the activation rows' 64 inputs at aq (row stride
-// `stride`) against the group's two B tiles at bt, into C pair (C0, C1); MR_Q4K_AMX_STORE writes
-// the pair to c[0], c[1]. Macros: the tile operands must be literal register numbers.
-#define MR_Q4K_AMX_DOT(C0, C1, aq, stride, bt) \
-  do {                                         \
-    _tile_zero(C0);                            \
-    _tile_zero(C1);                            \
-    _tile_loadd(4, (aq), (stride));            \
-    _tile_loadd(5, (aq) + 32, (stride));       \
-    _tile_loadd(6, (bt), 64);                  \
-    _tile_loadd(7, (bt) + 512, 64);            \
-    _tile_dpbsud(C0, 4, 6);                    \
-    _tile_dpbsud(C1, 5, 7);                    \
+// One step's integer sums on the tiles: the activation rows' inputs at aq (row stride `stride`)
+// against the step's B tiles at bt, into C0 (and C1 for the second 32 inputs when kTdp == 2);
+// AMX_STORE writes them to c[0], c[1]. Macros: the tile operands must be literal register numbers.
+#define MR_AMX_DOT1(C0, aq, stride, bt, kSigned) \
+  do {                                           \
+    _tile_zero(C0);                              \
+    _tile_loadd(4, (aq), (stride));              \
+    _tile_loadd(6, (bt), 64);                    \
+    if constexpr (kSigned) {                     \
+      _tile_dpbssd(C0, 4, 6);                    \
+    } else {                                     \
+      _tile_dpbsud(C0, 4, 6);                    \
+    }                                            \
   } while (0)
-#define MR_Q4K_AMX_STORE(C0, C1, c) \
-  do {                              \
-    _tile_stored(C0, (c)[0], 64);   \
-    _tile_stored(C1, (c)[1], 64);   \
+#define MR_AMX_DOT2(C0, C1, aq, stride, bt) \
+  do {                                      \
+    _tile_zero(C0);                         \
+    _tile_zero(C1);                         \
+    _tile_loadd(4, (aq), (stride));         \
+    _tile_loadd(5, (aq) + 32, (stride));    \
+    _tile_loadd(6, (bt), 64);               \
+    _tile_loadd(7, (bt) + 512, 64);         \
+    _tile_dpbsud(C0, 4, 6);                 \
+    _tile_dpbsud(C1, 5, 7);                 \
+  } while (0)
+#define MR_AMX_STORE(C0, C1, c, kTdp)                      \
+  do {                                                     \
+    _tile_stored(C0, (c)[0], 64);                          \
+    if constexpr (kTdp == 2) _tile_stored(C1, (c)[1], 64); \
   } while (0)
 
+// Step g's tile products into C pair P (0: tmm0/1, 1: tmm2/3).
+template <class F, int P>
+MR_AMX_TARGET inline void AmxDot(const AmxRows& a, const uint8_t* bt, int64_t g) {
+  constexpr int64_t kIn = 32 * F::kTdp;  // inputs per step
+  const int8_t* aq = a.q + kIn * g;
+  const uint8_t* b = bt + g * F::kTdp * kAmxBTileBytes;
+  if constexpr (F::kTdp == 2) {
+    static_assert(!F::kSigned);
+    if constexpr (P == 0) {
+      MR_AMX_DOT2(0, 1, aq, a.cols, b);
+    } else {
+      MR_AMX_DOT2(2, 3, aq, a.cols, b);
+    }
+  } else if constexpr (P == 0) {
+    MR_AMX_DOT1(0, aq, a.cols, b, F::kSigned);
+  } else {
+    MR_AMX_DOT1(2, aq, a.cols, b, F::kSigned);
+  }
+}
+template <class F, int P>
+MR_AMX_TARGET inline void AmxStore(int32_t (*c)[kAmxRows][kKTile]) {
+  if constexpr (P == 0) {
+    MR_AMX_STORE(0, 1, c, F::kTdp);
+  } else {
+    MR_AMX_STORE(2, 3, c, F::kTdp);
+  }
+}
+
 // Tile i of a prepared chunk against the R (<= 16) first rows of a 16-row block: out[r] = the
-// 16 outputs of row r. The groups of the whole tile run as one sequence g = 4 s + k: the tile
-// products of group g + 1 are issued before the FP32 tails of group g and stored after them (a
-// load after a tile store waits for it, so stores before the tails would serialize the two).
-template <int R>
-MR_AMX_TARGET void Q4KAmxTile(const Q4KAmxChunk& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
+// 16 outputs of row r. The steps of the whole tile run as one sequence g: the tile products of
+// step g + 1 are issued before the FP32 tails of step g, its stores after them, and the lines of
+// step g + 2 are prefetched into L1.
+template <class F, int R>
+MR_AMX_TARGET void AmxTile(const AmxChunk<F>& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
+  constexpr int64_t kIn = 32 * F::kTdp;
   __m512 acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   alignas(64) int32_t c[2][2][kAmxRows][kKTile];
-  const int64_t groups = ch.supers * 4;
+  const int64_t steps = ch.supers * F::kSteps;
   const uint8_t* bt = ch.Tiles(i);
-  const Q4KScales* sc = ch.Scales(i);
-  MR_Q4K_AMX_DOT(0, 1, a.q, a.cols, bt);
-  MR_Q4K_AMX_STORE(0, 1, c[0]);
-  for (int64_t g = 0; g < groups; ++g) {
-    const bool next = g + 1 < groups;
+  const typename F::Scales* sc = ch.Scales(i);
+  AmxDot<F, 0>(a, bt, 0);
+  AmxStore<F, 0>(c[0]);
+  for (int64_t g = 0; g < steps; ++g) {
+    const bool next = g + 1 < steps;
     if (next) {
-      const int8_t* aq = a.q + 64 * (g + 1);
-      const uint8_t* b1 = bt + (g + 1) * kQ4KAmxGroupBytes;
       if (g & 1) {
-        MR_Q4K_AMX_DOT(0, 1, aq, a.cols, b1);
+        AmxDot<F, 0>(a, bt, g + 1);
       } else {
-        MR_Q4K_AMX_DOT(2, 3, aq, a.cols, b1);
+        AmxDot<F, 1>(a, bt, g + 1);
       }
     }
-    if (g + 2 < groups) {
-      const uint8_t* pf = bt + (g + 2) * kQ4KAmxGroupBytes;
+    if (g + 2 < steps) {
+      const uint8_t* pb = bt + (g + 2) * F::kTdp * kAmxBTileBytes;
 #pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
-      const int8_t* pa = a.q + 64 * (g + 2);
+      for (int l = 0; l < 8 * F::kTdp; ++l) _mm_prefetch(reinterpret_cast<const char*>(pb + 64 * l), _MM_HINT_T0);
+      const int8_t* pa = a.q + kIn * (g + 2);
 #pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) _mm_prefetch(reinterpret_cast<const char*>(pa + l * a.cols), _MM_HINT_T0);
+      for (int l = 0; l < kAmxRows; ++l) _mm_prefetch(reinterpret_cast<const char*>(pa + l * a.cols), _MM_HINT_T0);
     }
     const auto& cg = c[g & 1];
-    const Q4KScales& m = sc[g / 4];
-    const int k = static_cast<int>(g % 4);
-    const int64_t i0 = 64 * g;
+    const typename F::Scales& m = sc[g / F::kSteps];
+    const int k = static_cast<int>(g % F::kSteps);
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      acc[r] = Q4KGroupTail(_mm512_load_si512(cg[0][r]), _mm512_load_si512(cg[1][r]), m, k,
-                            a.xs + (i0 / kActGroup) * kAmxRows + r, a.s32 + (i0 / 32) * kAmxRows + r, acc[r], kAmxRows);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = F::Tail(cg[0][r], cg[1][r], m, k, a, kIn * g, r, acc[r]);
     if (next) {
       if (g & 1) {
-        MR_Q4K_AMX_STORE(0, 1, c[0]);
+        AmxStore<F, 0>(c[0]);
       } else {
-        MR_Q4K_AMX_STORE(2, 3, c[1]);
+        AmxStore<F, 1>(c[1]);
       }
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_sub_ps(acc[r], _mm512_setzero_ps()));
+  for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], acc[r]);
+  if constexpr (F::kMins) {  // Q4_1's minimum terms: their own accumulator, block by block, as the VNNI kernel sums
+                             // them
+    __m512 mins[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) mins[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ch.supers; ++s) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) mins[r] = F::Min(sc[s], a, 32 * s, r, mins[r]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], _mm512_sub_ps(_mm512_load_ps(out[r]), mins[r]));
+  }
 }
 
-// Q4KAmxTile for the first nr rows (the row count rounded up to 4: fewer FP32 tails to run).
-MR_AMX_TARGET void Q4KAmxRows(int nr, const Q4KAmxChunk& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
-  if (nr <= 4) return Q4KAmxTile<4>(ch, i, a, out);
-  if (nr <= 8) return Q4KAmxTile<8>(ch, i, a, out);
-  if (nr <= 12) return Q4KAmxTile<12>(ch, i, a, out);
-  return Q4KAmxTile<16>(ch, i, a, out);
+// AmxTile for the first nr rows (the row count rounded up to 4: fewer FP32 tails to run).
+template <class F>
+MR_AMX_TARGET void AmxRowsOf(int nr, const AmxChunk<F>& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
+  if (nr <= 4) return AmxTile<F, 4>(ch, i, a, out);
+  if (nr <= 8) return AmxTile<F, 8>(ch, i, a, out);
+  if (nr <= 12) return AmxTile<F, 12>(ch, i, a, out);
+  return AmxTile<F, 16>(ch, i, a, out);
 }
 
-// For every L2 chunk of tiles of [t_begin, t_end): prepare(c0, c1), then visit(t, a, r0, nr) for
-// every block of up to 16 rows and tile of the chunk, with the tile configuration loaded.
+// For every L2 chunk of tiles of [t_begin, t_end): prepare(c0, c1), then visit(i, t, a, r0, nr)
+// for every block of up to 16 rows and tile t (the chunk's i-th) of the chunk, with the tile
+// configuration loaded.
 template <class Prepare, class Visit>
 MR_AMX_TARGET void ForEachAmxBlock(const QActs& x, int64_t n_rows, int64_t chunk_tiles, int64_t t_begin, int64_t t_end,
                                    Prepare prepare, Visit visit) {
@@ -773,6 +926,41 @@ MR_AMX_TARGET void ForEachAmxBlock(const QActs& x, int64_t n_rows, int64_t chunk
   _tile_release();
 }
 
+template <class F>
+void MatmulAmx(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
+               int64_t t_end) {
+  alignas(64) float out[kAmxRows][kKTile];
+  thread_local AmxChunk<F> ch;
+  ForEachAmxBlock(
+      x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t c0, int64_t c1) { ch.Prepare(w, c0, c1); },
+      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
+        AmxRowsOf<F>(nr, ch, i, a, out);
+        for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
+      });
+}
+
+template <class F>
+void MatmulGluAmx(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, mr::GluAct act, float* y,
+                  int64_t ldy, int64_t t_begin, int64_t t_end) {
+  alignas(64) float og[kAmxRows][kKTile];
+  alignas(64) float ou[kAmxRows][kKTile];
+  thread_local AmxChunk<F> cg, cu;
+  ForEachAmxBlock(
+      x, n_rows, KChunkTiles(gate, 2), t_begin, t_end,
+      [&](int64_t c0, int64_t c1) {
+        cg.Prepare(gate, c0, c1);
+        cu.Prepare(up, c0, c1);
+      },
+      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
+        AmxRowsOf<F>(nr, cg, i, a, og);
+        AmxRowsOf<F>(nr, cu, i, a, ou);
+        for (int r = 0; r < nr; ++r) {
+          GluRow(og[r], ou[r], act);
+          StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
+        }
+      });
+}
+
 }  // namespace
 
 namespace mr::x86 {
@@ -784,42 +972,26 @@ bool AmxPermitted() {
   return ok;
 }
 
-void MatmulQ4KAmx(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,
-                  int64_t t_end) {
-  if (n_rows < kAmxMinRows || !AmxPermitted()) return MatmulQ4KAvx512(w, x, n_rows, y, ldy, t_begin, t_end);
-  alignas(64) float out[kAmxRows][kKTile];
-  thread_local Q4KAmxChunk ch;
-  ForEachAmxBlock(
-      x, n_rows, KChunkTiles(w, 1), t_begin, t_end, [&](int64_t c0, int64_t c1) { ch.Prepare(w, c0, c1); },
-      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
-        Q4KAmxRows(nr, ch, i, a, out);
-        for (int r = 0; r < nr; ++r) StoreKTile(out[r], w.rows, t, y + (r0 + r) * ldy);
-      });
-}
-
-void MatmulQ4KGluAmx(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act, float* y,
-                     int64_t ldy, int64_t t_begin, int64_t t_end) {
-  if (n_rows < kAmxMinRows || !AmxPermitted()) {
-    return MatmulQ4KGluAvx512(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);
+// The KernelTable entry points of format Fmt on AMX (F) for 16 rows and more, else the AVX-512 ones.
+#define MR_DEFINE_AMX_KERNELS(Fmt, F)                                                                              \
+  void Matmul##Fmt##Amx(const KMatrix& w, const QActs& x, int64_t n_rows, float* y, int64_t ldy, int64_t t_begin,  \
+                        int64_t t_end) {                                                                           \
+    if (n_rows < kAmxMinRows || !AmxPermitted()) return Matmul##Fmt##Avx512(w, x, n_rows, y, ldy, t_begin, t_end); \
+    MatmulAmx<F>(w, x, n_rows, y, ldy, t_begin, t_end);                                                            \
+  }                                                                                                                \
+  void Matmul##Fmt##GluAmx(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,     \
+                           float* y, int64_t ldy, int64_t t_begin, int64_t t_end) {                                \
+    if (n_rows < kAmxMinRows || !AmxPermitted()) {                                                                 \
+      return Matmul##Fmt##GluAvx512(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);                             \
+    }                                                                                                              \
+    MatmulGluAmx<F>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);                                             \
   }
-  alignas(64) float og[kAmxRows][kKTile];
-  alignas(64) float ou[kAmxRows][kKTile];
-  thread_local Q4KAmxChunk cg, cu;
-  ForEachAmxBlock(
-      x, n_rows, KChunkTiles(gate, 2), t_begin, t_end,
-      [&](int64_t c0, int64_t c1) {
-        cg.Prepare(gate, c0, c1);
-        cu.Prepare(up, c0, c1);
-      },
-      [&](int64_t i, int64_t t, const AmxRows& a, int64_t r0, int nr) {
-        Q4KAmxRows(nr, cg, i, a, og);
-        Q4KAmxRows(nr, cu, i, a, ou);
-        for (int r = 0; r < nr; ++r) {
-          GluRow(og[r], ou[r], act);
-          StoreKTile(og[r], gate.rows, t, y + (r0 + r) * ldy);
-        }
-      });
-}
+MR_DEFINE_AMX_KERNELS(Q4K, AmxQ4K)
+MR_DEFINE_AMX_KERNELS(Q41, AmxNibbles<true>)
+MR_DEFINE_AMX_KERNELS(Q40, AmxNibbles<false>)
+MR_DEFINE_AMX_KERNELS(Q50, AmxQ50)
+MR_DEFINE_AMX_KERNELS(Q80, AmxQ80)
+#undef MR_DEFINE_AMX_KERNELS
 
 }  // namespace mr::x86
 
