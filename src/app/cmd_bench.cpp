@@ -218,10 +218,11 @@ json MeasureMachine(const Options& o) {
         std::fprintf(stderr, "[bench] matmul %s %lldx%lld, %d thread(s)\n", WeightFormatName(f), (long long)rows,
                      (long long)cols, t);
         for (const MatmulPoint& p :
-             MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
+             MeasureMatmul(k, f, rows, cols, {1, 2, 4, 8, 64}, t, o.matmul_iters, o.matmul_rotate_bytes)) {
           const double bw = BandwidthFor(machine, t);
-          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth)\n", p.n_act_rows,
-                       p.gbps_median, bw > 0 ? 100.0 * p.gbps_median / bw : 0.0);
+          // 64 rows: a prefill chunk, compute-bound (GOPS: 2 x rows x cols x activation rows per second).
+          std::fprintf(stderr, "[bench]   %d row(s): %.2f GB/s (%.0f%% of memory bandwidth), %.0f GOPS\n", p.n_act_rows,
+                       p.gbps_median, bw > 0 ? 100.0 * p.gbps_median / bw : 0.0, p.gops_median);
           machine["matmul"]["points"].push_back({{"format", p.format},
                                                  {"rows", p.rows},
                                                  {"cols", p.cols},
