@@ -82,21 +82,20 @@ const KernelTable kAvx512 = {
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K and the 32-input formats on
-// AMX tiles (Q5_K, Q6_K and the float formats stay on AVX-512).
-const KernelTable kAmx = [] {
-  KernelTable t = kAvx512;
-  t.variant = CpuVariant::kAmx;
-  auto set = [&t](KFormat f, auto mm, auto glu) {
-    t.matmul_k[static_cast<int>(f)] = mm;
-    t.matmul_k_glu[static_cast<int>(f)] = glu;
-  };
-  set(KFormat::kQ4K, &x86::MatmulQ4KAmx, &x86::MatmulQ4KGluAmx);
-  set(KFormat::kQ4_1, &x86::MatmulQ41Amx, &x86::MatmulQ41GluAmx);
-  set(KFormat::kQ4_0, &x86::MatmulQ40Amx, &x86::MatmulQ40GluAmx);
-  set(KFormat::kQ5_0, &x86::MatmulQ50Amx, &x86::MatmulQ50GluAmx);
-  set(KFormat::kQ8_0, &x86::MatmulQ80Amx, &x86::MatmulQ80GluAmx);
-  return t;
-}();
+// AMX tiles (Q5_K, Q6_K and the float formats stay on AVX-512). An aggregate like the others, so
+// it is constant-initialized (no static-initialization order to depend on).
+const KernelTable kAmx = {
+    CpuVariant::kAmx,
+    &x86::QuantizeActsAvx2,
+    &x86::MatmulQ8Avx512,
+    &x86::MatmulQ8GluAvx512,
+    &x86::AttentionGqaAvx512,
+    &x86::GluAvx2,
+    {&x86::MatmulQ4KAmx, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Amx, &x86::MatmulQ41Amx, &x86::MatmulQ80Amx,
+     &x86::MatmulQ40Amx, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
+    {&x86::MatmulQ4KGluAmx, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAmx, &x86::MatmulQ41GluAmx,
+     &x86::MatmulQ80GluAmx, &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
+     &x86::MatmulBF16GluAvx512}};
 
 }  // namespace
 
