@@ -620,7 +620,7 @@ struct AmxRows {
 static_assert(QActs::kBlockRows == kAmxRows && kAmxMinRows >= QActs::kBlockRows);
 
 // Rows [r0, r0 + 16) of x (r0 % 16 == 0); past n_rows, q is a copy padded with zero rows (their
-// scales and sums are 0, and their outputs are not stored).
+// scales and sums are 0, and their outputs are not stored), made once per call.
 class AmxRowBlocks {
  public:
   AmxRowBlocks(const QActs& x, int64_t n_rows) : x_(x), n_rows_(n_rows) {}
@@ -629,15 +629,17 @@ class AmxRowBlocks {
     const float* xs = x_.xs_t.data() + r0 * (c / kActGroup);
     const float* s32 = x_.s32_t.data() + r0 * (c / 32);
     if (n == kAmxRows) return {x_.q.data() + r0 * c, xs, s32, c};
-    q_.assign(static_cast<size_t>(kAmxRows * c), 0);
-    std::memcpy(q_.data(), x_.q.data() + r0 * c, static_cast<size_t>(n * c));
+    if (q_.empty()) {  // the last block, again for every chunk of tiles: copied the first time
+      q_.assign(static_cast<size_t>(kAmxRows * c), 0);
+      std::memcpy(q_.data(), x_.q.data() + r0 * c, static_cast<size_t>(n * c));
+    }
     return {q_.data(), xs, s32, c};
   }
 
  private:
   const QActs& x_;
   int64_t n_rows_;
-  std::vector<int8_t> q_;
+  std::vector<int8_t> q_;  // the padded last block, once made
 };
 
 // The formats on AMX. A step is kTdp tile products of 32 inputs each (Q4_K: a 64-input group,
@@ -882,8 +884,8 @@ MR_AMX_TARGET void AmxTile(const AmxChunk<F>& ch, int64_t i, const AmxRows& a, f
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], acc[r]);
-  if constexpr (F::kMins) {  // Q4_1's minimum terms: their own accumulator, block by block, as the VNNI kernel sums
-                             // them
+  // Q4_1's minimum terms: their own accumulator, block by block, as the VNNI kernel sums them.
+  if constexpr (F::kMins) {
     __m512 mins[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) mins[r] = _mm512_setzero_ps();
