@@ -208,7 +208,8 @@ json MeasureMachine(const Options& o) {
                                         {"gbps_roofline", std::max(bw.gbps_max, bw.gbps_cpu_median)}});
   }
   const KernelTable& k = GetKernels(SelectedCpuVariant());
-  machine["matmul"] = {{"cpu_variant", CpuVariantName(k.variant)}, {"points", json::array()}};
+  machine["matmul"] = {
+      {"cpu_variant", CpuVariantName(k.variant)}, {"prefetch_bytes", kernel_prefetch_bytes}, {"points", json::array()}};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{8960, 1536}, {1536, 8960}};
   std::vector<WeightFormat> formats = {WeightFormat::kQ8G64};
   for (KFormat kf : kAllKFormats) formats.push_back(NativeWeightFormat(kf));
@@ -451,21 +452,44 @@ void PrintTable(const json& j) {
                 b["gbps_cpu_median"].get<double>());
   }
   std::printf(
-      "\nmatmul kernels (%s), weight GB/s in each format's own bytes, wall/CPU-time (wall as %% of roofline "
-      "bandwidth):\n",
-      mach["matmul"]["cpu_variant"].get<std::string>().c_str());
-  std::printf("%-7s %-12s %7s %19s %19s %19s %19s\n", "format", "shape", "threads", "1 row", "2 rows", "4 rows",
-              "8 rows");
+      "\nmatmul kernels (%s, prefetch %lld bytes ahead), weight GB/s in each format's own bytes, wall/CPU-time "
+      "(wall as %% of roofline bandwidth):\n",
+      mach["matmul"]["cpu_variant"].get<std::string>().c_str(), mach["matmul"].value("prefetch_bytes", 0LL));
+  std::printf("%-7s %-12s %7s %19s %19s %19s %19s %12s\n", "format", "shape", "threads", "1 row", "2 rows", "4 rows",
+              "8 rows", "64 rows GOPS");
+  // One line per (format, shape, threads): its points are consecutive, one per activation-row count.
   const json& pts = mach["matmul"]["points"];
-  for (size_t i = 0; i + 3 < pts.size(); i += 4) {
+  auto same = [&](size_t a, size_t b) {
+    for (const char* key : {"format", "rows", "cols", "threads"}) {
+      if (pts[a].value(key, json()) != pts[b].value(key, json())) return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < pts.size();) {
+    size_t end = i + 1;
+    while (end < pts.size() && same(i, end)) ++end;
     char shape[32];
     std::snprintf(shape, sizeof shape, "%lldx%lld", pts[i]["rows"].get<long long>(), pts[i]["cols"].get<long long>());
     std::printf("%-7s %-12s %7d", pts[i].value("format", "q8/g64").c_str(), shape, pts[i]["threads"].get<int>());
-    for (size_t k = 0; k < 4; ++k) {
-      std::printf(" %5.1f/%5.1f (%3.0f%%)", pts[i + k]["gbps"].get<double>(), pts[i + k]["gbps_cpu"].get<double>(),
-                  pts[i + k]["pct_of_mem_bandwidth"].get<double>());
+    for (int want : {1, 2, 4, 8}) {
+      const json* p = nullptr;
+      for (size_t k = i; k < end; ++k) p = pts[k].value("act_rows", 0) == want ? &pts[k] : p;
+      if (p == nullptr) {
+        std::printf(" %19s", "-");
+      } else {
+        std::printf(" %5.1f/%5.1f (%3.0f%%)", (*p)["gbps"].get<double>(), (*p)["gbps_cpu"].get<double>(),
+                    (*p)["pct_of_mem_bandwidth"].get<double>());
+      }
+    }
+    const json* wide = nullptr;
+    for (size_t k = i; k < end; ++k) wide = pts[k].value("act_rows", 0) == 64 ? &pts[k] : wide;
+    if (wide != nullptr) {
+      std::printf(" %12.0f", wide->value("gops", 0.0));
+    } else {
+      std::printf(" %12s", "-");
     }
     std::printf("\n");
+    i = end;
   }
   if (!j["models"].empty()) {
     std::printf("\n%-28s %-16s %3s %9s %9s %8s %7s %7s %7s\n", "model", "engine", "thr", "prefill/s", "decode/s",

@@ -45,6 +45,17 @@ CpuFlags ReadCpuFlags() {
   return f;
 }
 
+// cpuid leaf 0's vendor string is "GenuineIntel" (EBX, EDX, ECX).
+bool IsIntel() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  char v[13] = {};
+  std::memcpy(v, &b, 4);
+  std::memcpy(v + 4, &d, 4);
+  std::memcpy(v + 8, &c, 4);
+  return std::strcmp(v, "GenuineIntel") == 0;
+}
+
 const KernelTable kScalar = {
     CpuVariant::kScalar,
     &ref::QuantizeActs,
@@ -127,6 +138,10 @@ bool CpuSupports(CpuVariant v) {
   }
   return false;
 }
+
+// Dynamically initialized: a kernel that ran before it (none does: they run from main) would
+// read 0, no prefetch.
+const int64_t kernel_prefetch_bytes = IsIntel() ? 1024 : 0;
 
 CpuVariant DetectCpuVariant() {
   if (CpuSupports(CpuVariant::kAmx)) return CpuVariant::kAmx;

@@ -31,6 +31,12 @@ void RequestCpuVariant(std::optional<CpuVariant> v);
 bool ParseCpuVariant(const std::string& name, CpuVariant* v);
 bool CpuSupports(CpuVariant v);
 
+// Software prefetch distance of the weight-streaming tile kernels, bytes ahead of each read (0:
+// none), set at start-up from the CPU vendor: 1024 on Intel, where the hardware prefetcher alone
+// left one-row matmuls at 65-80 % of the memory bandwidth (Xeon with AMX, docs/performance.md stop
+// 23); 0 on AMD, where Zen 4 showed no gain and a 4 KiB burst cost 20 % more CPU per token.
+extern const int64_t kernel_prefetch_bytes;
+
 // Integer Q8/g64 kernels on quantized activations. Weight matrices are packed (q8.h); a call
 // covers output tiles [t_begin, t_end) (8 outputs each; the last tile of a matrix may be
 // partial, only its real outputs are written), so threads split an op by tiles.

@@ -509,7 +509,7 @@ struct KTile {
     typename F::Scales m;
     for (int64_t s = 0; s < w.supers(); ++s) {
       const uint8_t* blk = w.block(t, s);
-      for (int i = 0; i < F::kHeadBytes; i += 64) PrefetchLine(blk + i);
+      PrefetchAhead(blk, mr::KBlockBytes(F::kFormat));
       F::Decode(blk, &m);
       Passes<R>(blk, m, a, s, acc, mins);
     }

@@ -35,14 +35,17 @@ using mr::QActs;
 constexpr int kKRows = 8;  // activation rows per tile visit (QActs::kInterleaveRows)
 static_assert(kKRows == QActs::kInterleaveRows);
 constexpr int64_t kKChunkBytes = 96 * 1024;  // weight bytes per L2-resident chunk of tiles
-// Software prefetch distance in the weight stream (0: none, the default). A burst of prefetches
-// per super-block 4 KiB ahead cost ~20% more CPU per decode token on Qwen2.5-Coder-1.5B (Zen 4,
-// mererun_kbench: 96-98 vs 76-79 ms CPU/token): it fills the miss buffers that the hardware
-// prefetcher, which follows this purely sequential stream well, would use anyway.
-#ifndef MR_KPREFETCH
-#define MR_KPREFETCH 0
+// Software prefetch distance in the weight stream: mr::kernel_prefetch_bytes (ops.h), chosen at
+// start-up by CPU vendor. MR_KPREFETCH=BYTES at compile time fixes it (0: none) for experiments.
+#ifdef MR_KPREFETCH
+inline int64_t KPrefetchBytes() {
+  return MR_KPREFETCH;
+}
+#else
+inline int64_t KPrefetchBytes() {
+  return mr::kernel_prefetch_bytes;
+}
 #endif
-constexpr int64_t kKPrefetchBytes = MR_KPREFETCH;
 
 // Rows of quantized activations as the tile kernels read them (row r at q + r * cols, ...).
 // qi: the interleaved copy (QActs::qi) at row 0 of these rows: the 4 quantized inputs i..i+3
@@ -99,15 +102,16 @@ inline int32_t Load4(const void* p) {
   return v;
 }
 
-// Prefetches the line kKPrefetchBytes ahead of p (kernels call it once per 64 bytes they read).
+// Prefetches the line KPrefetchBytes() ahead of p (kernels call it once per 64 bytes they read).
 inline void PrefetchLine(const uint8_t* p) {
-  if (kKPrefetchBytes > 0) _mm_prefetch(reinterpret_cast<const char*>(p + kKPrefetchBytes), _MM_HINT_T0);
+  if (const int64_t d = KPrefetchBytes(); d > 0) _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
 }
 
-// Prefetches the 64-byte lines of [p, p + n) kKPrefetchBytes ahead.
+// Prefetches the 64-byte lines of [p, p + n) KPrefetchBytes() ahead.
 inline void PrefetchAhead(const uint8_t* p, int64_t n) {
-  if (kKPrefetchBytes == 0) return;
-  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kKPrefetchBytes + i), _MM_HINT_T0);
+  const int64_t d = KPrefetchBytes();
+  if (d == 0) return;
+  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + d + i), _MM_HINT_T0);
 }
 
 inline void StoreKTile(const float* out, int64_t rows, int64_t t, float* y) {
