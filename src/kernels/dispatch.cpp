@@ -102,11 +102,10 @@ const KernelTable kAmx = {
     &x86::MatmulQ8GluAvx512,
     &x86::AttentionGqaAvx512,
     &x86::GluAvx2,
-    {&x86::MatmulQ4KAmx, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Amx, &x86::MatmulQ41Amx, &x86::MatmulQ80Amx,
+    {&x86::MatmulQ4KAmx, &x86::MatmulQ6KAmx, &x86::MatmulQ50Amx, &x86::MatmulQ41Amx, &x86::MatmulQ80Amx,
      &x86::MatmulQ40Amx, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
-    {&x86::MatmulQ4KGluAmx, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAmx, &x86::MatmulQ41GluAmx,
-     &x86::MatmulQ80GluAmx, &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
-     &x86::MatmulBF16GluAvx512}};
+    {&x86::MatmulQ4KGluAmx, &x86::MatmulQ6KGluAmx, &x86::MatmulQ50GluAmx, &x86::MatmulQ41GluAmx, &x86::MatmulQ80GluAmx,
+     &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512, &x86::MatmulBF16GluAvx512}};
 
 }  // namespace
 

@@ -47,9 +47,10 @@ MR_DECLARE_K_KERNELS(Q40, Avx512)
 MR_DECLARE_K_KERNELS(Q5K, Avx512)
 MR_DECLARE_K_KERNELS(F16, Avx512)
 MR_DECLARE_K_KERNELS(BF16, Avx512)
-// AMX-INT8 (CpuVariant::kAmx): Q4_K, Q4_1, Q4_0, Q5_0 and Q8_0 with 16 or more rows on AMX tiles,
+// AMX-INT8 (CpuVariant::kAmx): Q4_K, Q6_K, Q4_1, Q4_0, Q5_0 and Q8_0 with 16 or more rows on AMX tiles,
 // fewer on the AVX-512 kernels.
 MR_DECLARE_K_KERNELS(Q4K, Amx)
+MR_DECLARE_K_KERNELS(Q6K, Amx)
 MR_DECLARE_K_KERNELS(Q41, Amx)
 MR_DECLARE_K_KERNELS(Q40, Amx)
 MR_DECLARE_K_KERNELS(Q50, Amx)

@@ -642,13 +642,14 @@ class AmxRowBlocks {
   std::vector<int8_t> q_;  // the padded last block, once made
 };
 
-// The formats on AMX. A step is kTdp tile products of 32 inputs each (Q4_K: a 64-input group,
-// its two sub-blocks, whose FP32 tail is one; the others: one 32-input block), kSteps steps per
-// super-block. Prepare decodes a super-block's scales and writes its steps' B tiles;
-// Tail(r, ...) adds row r's step to acc; Min (kMins) is Q4_1's separate minimum accumulator.
+// The formats on AMX. A step is kTdp tile products over kInputs inputs (Q4_K: a 64-input group,
+// its two sub-blocks of 32, whose FP32 tail is one; Q6_K: a 32-input group, its two sub-blocks
+// of 16 against the same A tile; the others: one 32-input block), kSteps steps per super-block.
+// Prepare decodes a super-block's scales and writes its steps' B tiles; Tail(r, ...) adds row r's
+// step to acc; Min (kMins) is Q4_1's separate minimum accumulator.
 struct AmxQ4K {
-  static constexpr int kTdp = 2, kSteps = 4;
-  static constexpr bool kSigned = false, kMins = false;
+  static constexpr int kTdp = 2, kSteps = 4, kInputs = 64;
+  static constexpr bool kSigned = false, kSameA = false, kMins = false;
   using Scales = Q4KScales;
   static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
     K4<false>::Decode(blk, sc);
@@ -663,7 +664,7 @@ struct AmxQ4K {
     }
   }
   [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t* c1, const Scales& sc, int k,
-                                            const AmxRows& a, int64_t i0, int r, __m512 acc) {
+                                            const AmxRows& a, int64_t i0, int r, __m512 acc, int32_t*) {
     return Q4KGroupTail(_mm512_load_si512(c0), _mm512_load_si512(c1), sc, k, a.xs + (i0 / kActGroup) * kAmxRows + r,
                         a.s32 + (i0 / 32) * kAmxRows + r, acc, kAmxRows);
   }
@@ -690,8 +691,8 @@ inline void AmxNibbleTile(const uint8_t* q, int off, uint8_t* b) {
 
 template <bool kQ4_1>
 struct AmxNibbles {  // Q4_1 (d, m; u8 nibbles) and Q4_0 (d; nibbles - 8 as s8)
-  static constexpr int kTdp = 1, kSteps = 1;
-  static constexpr bool kSigned = !kQ4_1, kMins = kQ4_1;
+  static constexpr int kTdp = 1, kSteps = 1, kInputs = 32;
+  static constexpr bool kSigned = !kQ4_1, kSameA = false, kMins = kQ4_1;
   using Scales = AmxBlockScales;
   static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
     AmxDecodeD(blk, sc);
@@ -703,7 +704,7 @@ struct AmxNibbles {  // Q4_1 (d, m; u8 nibbles) and Q4_0 (d; nibbles - 8 as s8)
     }
   }
   [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
-                                            int64_t i0, int r, __m512 acc) {
+                                            int64_t i0, int r, __m512 acc, int32_t*) {
     return BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], _mm512_load_ps(sc.d), acc);
   }
   [[gnu::always_inline]] static __m512 Min(const Scales& sc, const AmxRows& a, int64_t i0, int r, __m512 mins) {
@@ -712,8 +713,8 @@ struct AmxNibbles {  // Q4_1 (d, m; u8 nibbles) and Q4_0 (d; nibbles - 8 as s8)
 };
 
 struct AmxQ50 {  // 5-bit quants, u8 in [0, 31]
-  static constexpr int kTdp = 1, kSteps = 1;
-  static constexpr bool kSigned = false, kMins = false;
+  static constexpr int kTdp = 1, kSteps = 1, kInputs = 32;
+  static constexpr bool kSigned = false, kSameA = false, kMins = false;
   using Scales = AmxBlockScales;
   static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
     AmxDecodeD(blk, sc);
@@ -728,23 +729,66 @@ struct AmxQ50 {  // 5-bit quants, u8 in [0, 31]
     }
   }
   [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
-                                            int64_t i0, int r, __m512 acc) {
+                                            int64_t i0, int r, __m512 acc, int32_t*) {
     return Q50BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], a.s32[(i0 / 32) * kAmxRows + r],
                         _mm512_load_ps(sc.d), acc);
   }
 };
 
 struct AmxQ80 {  // s8 quants: the 8 chunks are the B tile as stored
-  static constexpr int kTdp = 1, kSteps = 1;
-  static constexpr bool kSigned = true, kMins = false;
+  static constexpr int kTdp = 1, kSteps = 1, kInputs = 32;
+  static constexpr bool kSigned = true, kSameA = false, kMins = false;
   using Scales = AmxBlockScales;
   static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
     AmxDecodeD(blk, sc);
     std::memcpy(b, blk + 32, kAmxBTileBytes);
   }
   [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t*, const Scales& sc, int, const AmxRows& a,
-                                            int64_t i0, int r, __m512 acc) {
+                                            int64_t i0, int r, __m512 acc, int32_t*) {
     return BlockTail(_mm512_load_si512(c0), a.xs[(i0 / kActGroup) * kAmxRows + r], _mm512_load_ps(sc.d), acc);
+  }
+};
+
+// Q6_K: step (n, mm) of a super-block is the 32-input block mm of its 128-input half n, whose
+// sub-blocks h = 0, 1 (16 inputs each, chunks 4h..4h+3) have their own int8 scales. Both B tiles
+// of a step are 8 rows (32 inputs) of signed quants q - 32 (s8 in [-32, 31]) with the other
+// sub-block's 4 rows zero, so two TDPBSSD against the same A tile give each sub-block's sum with
+// ggml's offset already removed: c_h = sum16(q x) - 32 sum16(x). The tail forms sc_0 c_0 +
+// sc_1 c_1 and sums it over the steps of an activation group in int32 (`carry`, the row's
+// running sum) before the FP32 steps: the exact integer, and the same FP32 operations, of the
+// VNNI kernel's group (Q6K::Pass).
+struct AmxQ6K {
+  static constexpr int kTdp = 2, kSteps = 8, kInputs = 32;
+  static constexpr bool kSigned = true, kSameA = true, kMins = false;
+  static constexpr int kGroupSteps = kActGroup / kInputs;  // steps per activation group
+  using Scales = Q6KScales;
+  static_assert(kActGroup % kInputs == 0 && 128 % kActGroup == 0);
+  static void Prepare(const uint8_t* blk, Scales* sc, uint8_t* b) {
+    Q6K::Decode(blk, sc);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int n = 0; n < 2; ++n) {
+      for (int mm = 0; mm < 4; ++mm, b += 2 * kAmxBTileBytes) {
+        for (int c = 0; c < 8; ++c) {  // chunk c: row c of sub-block c / 4's tile; row c of the other is 0
+          const __m512i q = _mm512_sub_epi8(Q6K::Unpack(mm, blk + 288 + (8 * n + c) * 192, m0f, m30), k32);
+          _mm512_store_si512(b + 64 * c, c < 4 ? q : zero);
+          _mm512_store_si512(b + kAmxBTileBytes + 64 * c, c < 4 ? zero : q);
+        }
+      }
+    }
+  }
+  [[gnu::always_inline]] static __m512 Tail(const int32_t* c0, const int32_t* c1, const Scales& sc, int k,
+                                            const AmxRows& a, int64_t i0, int r, __m512 acc, int32_t* carry) {
+    const int j = 8 * (k / 4) + 2 * (k % 4);  // sub-block scales j, j + 1
+    __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c0), sc.sc[j]),
+                                 _mm512_mullo_epi32(_mm512_load_si512(c1), sc.sc[j + 1]));
+    if (k % kGroupSteps != 0) v = _mm512_add_epi32(v, _mm512_load_si512(carry));
+    if (k % kGroupSteps != kGroupSteps - 1) {
+      _mm512_store_si512(carry, v);
+      return acc;
+    }
+    const __m512 ds = _mm512_mul_ps(sc.d, _mm512_set1_ps(a.xs[(i0 / kActGroup) * kAmxRows + r]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), ds, acc);
   }
 };
 
@@ -802,6 +846,16 @@ struct AmxChunk {
     _tile_dpbsud(C0, 4, 6);                 \
     _tile_dpbsud(C1, 5, 7);                 \
   } while (0)
+#define MR_AMX_DOT2S(C0, C1, aq, stride, bt) \
+  do {                                       \
+    _tile_zero(C0);                          \
+    _tile_zero(C1);                          \
+    _tile_loadd(4, (aq), (stride));          \
+    _tile_loadd(6, (bt), 64);                \
+    _tile_loadd(7, (bt) + 512, 64);          \
+    _tile_dpbssd(C0, 4, 6);                  \
+    _tile_dpbssd(C1, 4, 7);                  \
+  } while (0)
 #define MR_AMX_STORE(C0, C1, c, kTdp)                      \
   do {                                                     \
     _tile_stored(C0, (c)[0], 64);                          \
@@ -811,10 +865,16 @@ struct AmxChunk {
 // Step g's tile products into C pair P (0: tmm0/1, 1: tmm2/3).
 template <class F, int P>
 MR_AMX_TARGET inline void AmxDot(const AmxRows& a, const uint8_t* bt, int64_t g) {
-  constexpr int64_t kIn = 32 * F::kTdp;  // inputs per step
-  const int8_t* aq = a.q + kIn * g;
+  const int8_t* aq = a.q + F::kInputs * g;
   const uint8_t* b = bt + g * F::kTdp * kAmxBTileBytes;
-  if constexpr (F::kTdp == 2) {
+  if constexpr (F::kSameA) {
+    static_assert(F::kTdp == 2 && F::kSigned);
+    if constexpr (P == 0) {
+      MR_AMX_DOT2S(0, 1, aq, a.cols, b);
+    } else {
+      MR_AMX_DOT2S(2, 3, aq, a.cols, b);
+    }
+  } else if constexpr (F::kTdp == 2) {
     static_assert(!F::kSigned);
     if constexpr (P == 0) {
       MR_AMX_DOT2(0, 1, aq, a.cols, b);
@@ -842,11 +902,12 @@ MR_AMX_TARGET inline void AmxStore(int32_t (*c)[kAmxRows][kKTile]) {
 // step g + 2 are prefetched into L1.
 template <class F, int R>
 MR_AMX_TARGET void AmxTile(const AmxChunk<F>& ch, int64_t i, const AmxRows& a, float (*out)[kKTile]) {
-  constexpr int64_t kIn = 32 * F::kTdp;
+  constexpr int64_t kIn = F::kInputs;
   __m512 acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   alignas(64) int32_t c[2][2][kAmxRows][kKTile];
+  alignas(64) int32_t carry[R][kKTile];  // a format's integer sums across steps (AmxQ6K)
   const int64_t steps = ch.supers * F::kSteps;
   const uint8_t* bt = ch.Tiles(i);
   const typename F::Scales* sc = ch.Scales(i);
@@ -873,7 +934,7 @@ MR_AMX_TARGET void AmxTile(const AmxChunk<F>& ch, int64_t i, const AmxRows& a, f
     const typename F::Scales& m = sc[g / F::kSteps];
     const int k = static_cast<int>(g % F::kSteps);
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) acc[r] = F::Tail(cg[0][r], cg[1][r], m, k, a, kIn * g, r, acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = F::Tail(cg[0][r], cg[1][r], m, k, a, kIn * g, r, acc[r], carry[r]);
     if (next) {
       if (g & 1) {
         AmxStore<F, 0>(c[0]);
@@ -989,6 +1050,7 @@ bool AmxPermitted() {
     MatmulGluAmx<F>(gate, up, x, n_rows, act, y, ldy, t_begin, t_end);                                             \
   }
 MR_DEFINE_AMX_KERNELS(Q4K, AmxQ4K)
+MR_DEFINE_AMX_KERNELS(Q6K, AmxQ6K)
 MR_DEFINE_AMX_KERNELS(Q41, AmxNibbles<true>)
 MR_DEFINE_AMX_KERNELS(Q40, AmxNibbles<false>)
 MR_DEFINE_AMX_KERNELS(Q50, AmxQ50)
