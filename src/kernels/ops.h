@@ -12,7 +12,7 @@
 
 namespace mr {
 
-// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) matmuls of Q4_K and the 32-input
+// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) matmuls of Q4_K, Q6_K and the 32-input
 // integer formats (Intel Sapphire Rapids and later; Linux grants the tile state per process).
 enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 constexpr CpuVariant kAllCpuVariants[] = {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512,

@@ -154,13 +154,14 @@ class FastOps final : public ForwardOps {
     constexpr float kTopMargin = 24.0f;
     const int64_t vocab = w.rows(), d = w.cols();
     if (top_w_.size() < static_cast<size_t>(pool_.size() * d)) top_w_.resize(static_cast<size_t>(pool_.size() * d));
-    if (top_ids_.size() < static_cast<size_t>(pool_.size())) top_ids_.resize(static_cast<size_t>(pool_.size()));
-    auto rows = [&](int64_t b, int64_t e, int th) {
-      float* wrow = top_w_.data() + th * d;
-      std::vector<int32_t>& ids = top_ids_[static_cast<size_t>(th)];
+    if (top_ids_.size() < static_cast<size_t>(n)) top_ids_.resize(static_cast<size_t>(n));
+    // Each row's candidates (rows in parallel when there are several), then every (row, token)
+    // recomputation as one parallel op, so a decode step's kTopLogits rows are split between the
+    // threads too. Each logit is the same expression whichever thread computes it.
+    auto candidates = [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) {
-        float* yr = y + r * vocab;
-        const float* xr = x + r * d;
+        const float* yr = y + r * vocab;
+        std::vector<int32_t>& ids = top_ids_[static_cast<size_t>(r)];
         const float mx = *std::max_element(yr, yr + vocab);
         ids.clear();
         for (int64_t i = 0; i < vocab; ++i) {
@@ -171,17 +172,25 @@ class FastOps final : public ForwardOps {
                            [&](int32_t a, int32_t c) { return yr[a] > yr[c] || (yr[a] == yr[c] && a < c); });
           ids.resize(kTopLogits);
         }
-        for (const int32_t id : ids) {
-          DequantizeWeightRow(w, id, wrow);
-          yr[id] = ref::Dot8(wrow, xr, d);
-        }
       }
     };
     if (n == 1) {
-      rows(0, 1, 0);
-      return;
+      candidates(0, 1, 0);
+    } else {
+      pool_.ParallelFor(n, candidates);
     }
-    pool_.ParallelFor(n, rows);
+    top_pairs_.clear();
+    for (int64_t r = 0; r < n; ++r) {
+      for (const int32_t id : top_ids_[static_cast<size_t>(r)]) top_pairs_.emplace_back(static_cast<int32_t>(r), id);
+    }
+    pool_.ParallelForDynamic(static_cast<int64_t>(top_pairs_.size()), 16, [&](int64_t b, int64_t e, int th) {
+      float* wrow = top_w_.data() + th * d;
+      for (int64_t i = b; i < e; ++i) {
+        const auto [r, id] = top_pairs_[static_cast<size_t>(i)];
+        DequantizeWeightRow(w, id, wrow);
+        y[r * vocab + id] = ref::Dot8(wrow, x + r * d, d);
+      }
+    });
   }
 
   // Gate and up projections with the GLU in one pass. Fine activations: gate and up each over
@@ -291,7 +300,8 @@ class FastOps final : public ForwardOps {
   std::vector<float> fine_y_;                             // outputs of fine matrices over 2n rows
   std::vector<float> att_;                                // (threads, AttentionScratchFloats) attention scratch
   std::vector<float> top_w_;                              // (threads, d_model) a dequantized output row
-  std::vector<std::vector<int32_t>> top_ids_;             // per thread: a row's candidate tokens
+  std::vector<std::vector<int32_t>> top_ids_;             // per row: its candidate tokens
+  std::vector<std::pair<int32_t, int32_t>> top_pairs_;    // (row, token) logits to recompute
   std::vector<int64_t> lo_, hi_;                          // (rows) the cache positions a row attends
   std::vector<std::pair<int64_t, int64_t>> chunks_;       // (first row, rows): attention chunks
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
