@@ -34,6 +34,12 @@ int Sequence::wanted_draft_rows() const {
   return static_cast<int>(std::clamp<int64_t>(controller_.Preview(), 0, std::max<int64_t>(0, budget_left() - 1)));
 }
 
+void Sequence::SetBatch(int64_t other_rows, int64_t other_decoders) {
+  batch_other_rows_ = std::max<int64_t>(other_rows, 0);
+  controller_.SetBatch(static_cast<int>(std::min<int64_t>(batch_other_rows_, CostController::kMaxRows)),
+                       static_cast<double>(std::max<int64_t>(other_decoders, 0)));
+}
+
 Sequence::Sequence(Model& model, int64_t n_ctx) : model_(model), kv_(model.NewKvCache(n_ctx)) {}
 
 void Sequence::ReleaseCache() {
@@ -237,7 +243,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       return Status::Ok();
     }
     case StepKind::kPlain: {
-      if (drafter_ != nullptr) controller_.RecordForwardCost(1, forward_s);
+      if (drafter_ != nullptr) controller_.RecordForwardCost(static_cast<int>(batch_other_rows_ + 1), forward_s);
       ++stats_.plain_steps;
       tokens_.push_back(pending_);
       const int64_t kv_before_run = kv_.n_past;
@@ -248,7 +254,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
     case StepKind::kVerify: {
       const int n_draft = static_cast<int>(step_n_ - 1);
       const int64_t base = kv_.n_past - step_n_;  // the forward pass appended all rows
-      controller_.RecordForwardCost(static_cast<int>(step_n_), forward_s);
+      controller_.RecordForwardCost(static_cast<int>(batch_other_rows_ + step_n_), forward_s);
       if (p_.size() < static_cast<size_t>(step_n_)) p_.resize(static_cast<size_t>(step_n_));
       // Row i's constraint state: after the pending token's row and drafts 0..i-1 (the rule
       // asks for rows in order, stopping at the first rejection).

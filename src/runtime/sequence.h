@@ -149,6 +149,10 @@ class Sequence {
   // Draft rows the next decode step would like (the controller's next choice, without
   // committing to it): what a batching engine reserves for this sequence. 0 without a drafter.
   int wanted_draft_rows() const;
+  // The rest of the batch this sequence's next step shares (other sequences' rows, and how
+  // many of them decode): the cost controller then prices drafts at the batch's margin
+  // (CostController::SetBatch). A batching engine sets it before NextRows and before Consume.
+  void SetBatch(int64_t other_rows, int64_t other_decoders);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -185,6 +189,7 @@ class Sequence {
   const Drafter* controller_drafter_ = nullptr;  // the controller's figures describe this drafter
   Draft draft_;
   int last_draft_ = 0;
+  int64_t batch_other_rows_ = 0;           // SetBatch
   std::vector<TokenId> rows_;              // pending token + drafts
   std::vector<std::vector<Candidate>> p_;  // target distributions per verify row
   VerifyScratch verify_scratch_;

@@ -201,14 +201,32 @@ void CostController::Configure(int k_max, bool adaptive) {
 }
 
 double CostController::forward_cost(int rows) const {
-  if (fwd_n_[rows] > 0) return fwd_[rows];
+  rows = std::clamp(rows, 1, kMaxRows + 1);
+  if (rows <= kMaxRows && fwd_n_[rows] > 0) return fwd_[rows];
   int lo = rows - 1, hi = rows + 1;
   while (lo >= 1 && fwd_n_[lo] == 0) --lo;
-  while (hi <= kMaxK + 1 && fwd_n_[hi] == 0) ++hi;
-  if (lo >= 1 && hi <= kMaxK + 1) return fwd_[lo] + (fwd_[hi] - fwd_[lo]) * (rows - lo) / (hi - lo);
+  while (hi <= kMaxRows && fwd_n_[hi] == 0) ++hi;
+  if (lo >= 1 && hi <= kMaxRows) return fwd_[lo] + (fwd_[hi] - fwd_[lo]) * (rows - lo) / (hi - lo);
   if (lo >= 1) return fwd_[lo];  // optimistic: more rows cost at least this
-  if (hi <= kMaxK + 1) return fwd_[hi];
+  if (hi <= kMaxRows) return fwd_[hi];
   return 0.0;
+}
+
+bool CostController::MeasuredAtMost(int rows) const {
+  for (int r = std::min(rows, kMaxRows); r >= 1; --r)
+    if (fwd_n_[r] > 0) return true;
+  return false;
+}
+
+bool CostController::MeasuredAbove(int rows) const {
+  for (int r = std::max(rows + 1, 1); r <= kMaxRows; ++r)
+    if (fwd_n_[r] > 0) return true;
+  return false;
+}
+
+void CostController::SetBatch(int other_rows, double other_tokens) {
+  other_rows_ = std::max(other_rows, 0);
+  other_tokens_ = std::max(other_tokens, 0.0);
 }
 
 double CostController::expected_rate(int k) const {
@@ -217,21 +235,24 @@ double CostController::expected_rate(int k) const {
     run *= accept_[i];
     expect += run;
   }
-  const double cost = draft_per_token_ * k + forward_cost(k + 1);
-  return cost > 0.0 ? expect / cost : 0.0;
+  const double cost = draft_per_token_ * k + forward_cost(other_rows_ + 1 + k);
+  return cost > 0.0 ? (other_tokens_ + expect) / cost : 0.0;
 }
 
 bool CostController::Calibrated() const {
-  // One verify of k_max + 1 rows and one plain step before any comparison.
-  return adaptive_ && k_max_ > 0 && fwd_n_[k_max_ + 1] > 0 && accept_n_[0] > 0 && fwd_n_[1] > 0;
+  // A verify and a plain step (in a batch: steps of more rows than its plain size, and of at
+  // most that) measured, and an acceptance, before any comparison.
+  const int plain = other_rows_ + 1;
+  return adaptive_ && k_max_ > 0 && accept_n_[0] > 0 && MeasuredAbove(plain) && MeasuredAtMost(plain);
 }
 
 // The best k by the current figures (k_max while not adaptive or calibrating the verify cost,
 // 0 while calibrating the plain one).
 int CostController::Best() const {
   if (!adaptive_ || k_max_ == 0) return k_max_;
-  if (fwd_n_[k_max_ + 1] == 0 || accept_n_[0] == 0) return k_max_;
-  if (fwd_n_[1] == 0) return 0;
+  const int plain = other_rows_ + 1;
+  if (!MeasuredAbove(plain) || accept_n_[0] == 0) return k_max_;
+  if (!MeasuredAtMost(plain)) return 0;
   int best = 0;
   double best_rate = expected_rate(0);
   for (int k = 1; k <= k_max_; ++k) {
@@ -275,7 +296,7 @@ void CostController::RecordDraftCost(int n_tokens, double seconds) {
 }
 
 void CostController::RecordForwardCost(int rows, double seconds) {
-  if (rows >= 1 && rows <= kMaxK + 1) Ema(&fwd_[rows], &fwd_n_[rows], seconds);
+  if (rows >= 1 && rows <= kMaxRows) Ema(&fwd_[rows], &fwd_n_[rows], seconds);
 }
 
 }  // namespace mr

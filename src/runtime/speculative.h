@@ -141,9 +141,15 @@ class ChainDrafter : public Drafter {
 // speculation does not pay; then every `probe_interval` steps it probes with k_max so the
 // figures recover when the text becomes predictable again. Figures are exponential moving
 // averages, so they follow changes.
+// In a batch (SetBatch: the other sequences' rows and expected tokens in the same forward pass),
+// forward costs are by the step's total rows and the rate maximised is the batch's:
+// (other tokens + expected tokens) / (draft(k) + forward(other rows + 1 + k)). A draft row
+// lengthens every sequence's step, so it must pay at the batch's margin, not only for its own
+// sequence. Alone (the default) this is the formula above.
 class CostController {
  public:
   static constexpr int kMaxK = 16;
+  static constexpr int kMaxRows = 64;  // forward costs are kept for steps of 1..kMaxRows rows
   explicit CostController(int k_max = 7, bool adaptive = true) { Configure(k_max, adaptive); }
   void Configure(int k_max, bool adaptive);
   int k_max() const { return k_max_; }
@@ -156,7 +162,11 @@ class CostController {
   // Feedback. proposed: drafts verified; accepted: how many of them were accepted.
   void RecordAcceptance(int proposed, int accepted);
   void RecordDraftCost(int n_tokens, double seconds);
+  // rows: the step's total rows (its own when alone).
   void RecordForwardCost(int rows, double seconds);
+  // The rest of the next step's batch: the other sequences' rows and the tokens they are
+  // expected to yield (one per decoding sequence). 0, 0: alone.
+  void SetBatch(int other_rows, double other_tokens);
 
   // Current estimates (for reports): acceptance at position i (1-based), cost of r rows.
   double acceptance(int i) const { return accept_[i - 1]; }
@@ -167,13 +177,17 @@ class CostController {
  private:
   bool Calibrated() const;
   int Best() const;
+  bool MeasuredAtMost(int rows) const;  // a forward cost of 1..rows rows is known
+  bool MeasuredAbove(int rows) const;   // one of more than `rows` rows is known
 
   int k_max_ = 7;
   bool adaptive_ = true;
   double accept_[kMaxK] = {};
   int64_t accept_n_[kMaxK] = {};
-  double fwd_[kMaxK + 2] = {};  // index = rows
-  int64_t fwd_n_[kMaxK + 2] = {};
+  double fwd_[kMaxRows + 1] = {};  // index = the step's total rows
+  int64_t fwd_n_[kMaxRows + 1] = {};
+  int other_rows_ = 0;
+  double other_tokens_ = 0.0;
   double draft_per_token_ = 0.0;
   int64_t draft_n_ = 0;
   int64_t plain_streak_ = 0;  // consecutive k = 0 choices

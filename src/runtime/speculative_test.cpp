@@ -266,6 +266,36 @@ TEST(CostController, PicksKFromMeasuredCostsFallsBackAndProbes) {
   EXPECT_EQ(CostController(3, false).Choose(), 3);  // fixed k
 }
 
+// In a batch a draft row lengthens every sequence's step: drafting that pays for one sequence
+// alone is declined when the other sequences' tokens are counted at the batch's margin, and
+// taken when acceptance is high enough to pay for the whole batch's longer step.
+TEST(CostController, PricesDraftsAtTheBatchMargin) {
+  auto make = [](double accept) {
+    CostController c(7, true);
+    // A step of r rows (all sequences together) costs 10 + 1.5 r ms; drafting is free.
+    for (int r = 1; r <= 16; ++r) c.RecordForwardCost(r, 0.010 + 0.0015 * r);
+    // Accepted at an even spread of steps (the figures are moving averages).
+    for (int i = 0; i < 400; ++i) c.RecordAcceptance(1, (i * 9) % 20 < 20 * accept ? 1 : 0);
+    return c;
+  };
+  // 25 % acceptance. Alone: k = 1 gives 1.25 tokens per 13 ms against 1 per 11.5 ms.
+  CostController alone = make(0.25);
+  EXPECT_NEAR(alone.acceptance(1), 0.25, 0.1);
+  EXPECT_GT(alone.Choose(), 0);
+  // Beside 3 decoding sequences (3 rows, 3 tokens): 4.25 tokens per 17.5 ms against 4 per 16.
+  CostController batched = make(0.25);
+  batched.SetBatch(3, 3.0);
+  EXPECT_GT(batched.expected_rate(0), batched.expected_rate(1));
+  EXPECT_EQ(batched.Choose(), 0);
+  // Everything accepted: drafting pays for the batch too.
+  CostController sure = make(1.0);
+  sure.SetBatch(3, 3.0);
+  EXPECT_GT(sure.Choose(), 0);
+  // Back alone, the first figures apply again.
+  batched.SetBatch(0, 0.0);
+  EXPECT_GT(batched.expected_rate(1), batched.expected_rate(0));
+}
+
 // ---- Generator: greedy speculative output is the plain output ----
 
 class SpecGeneratorTest : public ::testing::Test {

@@ -534,9 +534,17 @@ void Engine::Impl::Step(const sched::Plan& plan) {
   const int64_t n_vocab = model.config().n_vocab;
   batch.clear();
   entries.clear();
+  // The planned step, so each decoder's cost controller prices its drafts against the rest of
+  // the batch (Sequence::SetBatch); again with the actual rows before the logits are consumed.
+  int64_t planned_rows = 0, planned_decoders = 0;
+  for (const sched::Work& w : plan.work) {
+    planned_rows += w.rows;
+    planned_decoders += w.prefill ? 0 : 1;
+  }
   for (const sched::Work& w : plan.work) {
     Slot* s = SlotOf(w.id);
     if (s == nullptr || s->seq.done()) continue;
+    s->seq.SetBatch(planned_rows - w.rows, planned_decoders - (w.prefill ? 0 : 1));
     // Tokens injected by a continuation are prefilled in the sequence's decode turn.
     int64_t max_rows = w.rows;
     if (!w.prefill && s->seq.prefilling())
@@ -578,7 +586,11 @@ void Engine::Impl::Step(const sched::Plan& plan) {
     for (const Entry& e : entries) Finish(*e.slot, st, true);
     return;
   }
-  int64_t generated = 0, prefilled = 0;
+  int64_t generated = 0, prefilled = 0, step_rows = 0, step_decoders = 0;
+  for (const Entry& e : entries) {
+    step_rows += e.rows;
+    step_decoders += e.prefill ? 0 : 1;
+  }
   const float* lg = logits.data();
   const uint64_t rss = ResidentBytes();  // after the step: its activations and new KV are in
   for (const Entry& e : entries) {
@@ -588,6 +600,7 @@ void Engine::Impl::Step(const sched::Plan& plan) {
     const int64_t before = s.seq.stats().generated;
     const float* row_logits = lg;
     lg += e.out_rows * n_vocab;
+    s.seq.SetBatch(step_rows - e.rows, step_decoders - (e.prefill ? 0 : 1));
     try {
       ConsumeRows(e, row_logits, &generated, &prefilled, before);
     } catch (const std::exception& ex) {
