@@ -92,8 +92,8 @@ const KernelTable kAvx512 = {
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
-// AMX machines: the AVX-512 table with the many-row matmuls of Q4_K and the 32-input formats on
-// AMX tiles (Q5_K, Q6_K and the float formats stay on AVX-512). An aggregate like the others, so
+// AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
+// formats on AMX tiles (Q5_K and the float formats stay on AVX-512). An aggregate like the others, so
 // it is constant-initialized (no static-initialization order to depend on).
 const KernelTable kAmx = {
     CpuVariant::kAmx,
