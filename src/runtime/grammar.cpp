@@ -101,7 +101,17 @@ GrammarBuilder::Expr GrammarBuilder::JsonStringBody() {
   const ByteSet simple = JsonSimpleEscapes();
   ByteSet hex;
   for (char c : std::string_view("0123456789abcdefABCDEF")) hex.set(static_cast<uint8_t>(c));
-  const Expr escape = Seq({Byte('\\'), Alt({Bytes(simple), Seq({Byte('u'), Repeat(Bytes(hex), 4, 4)})})});
+  // \uXXXX names a Unicode scalar value or, as a pair, a high then a low surrogate: a lone
+  // surrogate (\ud800) is not JSON a parser accepts, so the grammar must not produce it.
+  ByteSet d, not_d, high, low;
+  for (char c : std::string_view("dD")) d.set(static_cast<uint8_t>(c));
+  not_d = hex & ~d;
+  for (char c : std::string_view("89abAB")) high.set(static_cast<uint8_t>(c));
+  for (char c : std::string_view("cdefCDEF")) low.set(static_cast<uint8_t>(c));
+  const Expr hex2 = Repeat(Bytes(hex), 2, 2);
+  const Expr scalar = Alt({Seq({Bytes(not_d), Repeat(Bytes(hex), 3, 3)}), Seq({Bytes(d), Range('0', '7'), hex2})});
+  const Expr pair = Seq({Bytes(d), Bytes(high), hex2, Literal("\\u"), Bytes(d), Bytes(low), hex2});
+  const Expr escape = Seq({Byte('\\'), Alt({Bytes(simple), Seq({Byte('u'), Alt({scalar, pair})})})});
   const Expr free{{{Elem{Elem::kBytes, string_set_}}}};
   return Star(Alt({free, escape, Utf8NonAscii()}));
 }

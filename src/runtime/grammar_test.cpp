@@ -97,6 +97,22 @@ TEST(JsonGrammar, StringsNumbersAndLiterals) {
   EXPECT_FALSE(Matches(*i, "4.0"));
 }
 
+// \u escapes: what the grammar accepts, a JSON parser must accept too (a sampled model once
+// wrote a lone surrogate, and the forced tool call it was in fell back to text).
+TEST(JsonGrammar, UnicodeEscapesAreScalarValuesOrSurrogatePairs) {
+  const auto g = SchemaGrammar(Json::parse(R"({"type": "string"})"));
+  for (const char* ok : {R"("\u0000")", R"("\uD7FF")", R"("\ue000")", R"("\uFFFF")", R"("\ud83d\ude00")",
+                         R"("\uDBFF\uDFFF x")", R"("\uabcd\uD800\uDC00")"}) {
+    EXPECT_TRUE(Matches(*g, ok)) << ok;
+    EXPECT_FALSE(Json::parse(ok, nullptr, false).is_discarded()) << ok;
+  }
+  for (const char* bad : {R"("\ud800")", R"("\uDC00")", R"("\ud800x")", R"("\ud800\u0041")", R"("\udc00\ud800")",
+                          R"("\ud800\ud800")", R"("\uDFFF")"}) {
+    EXPECT_FALSE(Matches(*g, bad)) << bad;
+    EXPECT_TRUE(Json::parse(bad, nullptr, false).is_discarded()) << bad;
+  }
+}
+
 TEST(JsonGrammar, ObjectsKeepSchemaOrderAndRequiredProperties) {
   const Json schema = Json::parse(R"({"type": "object", "properties": {
       "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},

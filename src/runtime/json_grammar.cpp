@@ -121,8 +121,9 @@ class Compiler {
     }
     return b_.Ref(*string_);
   }
-  // Integers of at most 18 digits, fractions of at most 18 and exponents of at most 3: values a
-  // double holds (and no endless run of digits from a sampled model).
+  // Integers of at most 18 digits, fractions of at most 18 and exponents of at most 2: values a
+  // double holds, at most 1e117 (a JSON parser refuses 1e999 as out of range), and no endless
+  // run of digits from a sampled model.
   Expr Integer() {
     if (!integer_) {
       integer_ = b_.DeclareRule();
@@ -144,7 +145,7 @@ class Compiler {
       sign.set('-');
       b_.DefineRule(*number_,
                     b_.Seq({Integer(), b_.Opt(b_.Seq({b_.Literal("."), b_.Repeat(Digit(), 1, 18)})),
-                            b_.Opt(b_.Seq({b_.Bytes(e), b_.Opt(b_.Bytes(sign)), b_.Repeat(Digit(), 1, 3)}))}));
+                            b_.Opt(b_.Seq({b_.Bytes(e), b_.Opt(b_.Bytes(sign)), b_.Repeat(Digit(), 1, 2)}))}));
     }
     return b_.Ref(*number_);
   }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 #include <sstream>
 
@@ -17,6 +18,8 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/test_models.h"
+#include "runtime/grammar.h"
+#include "runtime/json_grammar.h"
 #include "server/anthropic_api.h"
 #include "server/http_server.h"
 #include "server/json_schema.h"
@@ -342,6 +345,59 @@ TEST(JsonSchema, NestedTypesRequiredEnumItems) {
   EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"n": 1})"), schema).ok());
   EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"a": [], "n": 1.5})"), schema).ok());
   EXPECT_FALSE(ValidateJsonSchema(Json::parse(R"({"a": [], "extra": 1})"), schema).ok());
+}
+
+// Random sentences of a schema's grammar (each next byte drawn among those the grammar allows,
+// closing bytes favoured as the sentence grows) must parse as JSON and satisfy the schema: what
+// constrained decoding lets a sampled model write, the tool-call parser must accept.
+TEST(JsonSchema, EverySentenceOfTheGrammarParsesAndValidates) {
+  const char* schemas[] = {
+      R"({"type": "object", "properties": {"location": {"type": "object", "properties": {"city": {"type": "string"},
+          "country": {"type": "string"}}, "required": ["city"]}, "unit": {"type": "string", "enum": ["celsius",
+          "fahrenheit"]}, "days": {"type": "integer"}}, "required": ["location", "unit"]})",
+      R"({"type": "object", "additionalProperties": false, "required": ["name", "plan"], "properties": {
+          "name": {"type": "string", "minLength": 1, "maxLength": 6}, "plan": {"enum": ["free", "pro", 3, null]},
+          "demo": {"type": "boolean"}, "seats": {"type": ["integer", "null"]}, "x": {"type": "number"},
+          "tags": {"type": "array", "items": {"type": "string"}}, "any": {}, "c": {"const": "k\"\u00e9"},
+          "u": {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"n": {"type": "number"}}}]}}})",
+      R"({"type": "object"})",
+  };
+  std::mt19937 rng(12345);
+  for (const char* text : schemas) {
+    const Json schema = Json::parse(text);
+    GrammarBuilder b;
+    Result<GrammarBuilder::Expr> e = JsonSchemaExpr(b, schema, {});
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const auto g = b.Build(*e);
+    int complete = 0;
+    for (int walk = 0; walk < 400; ++walk) {
+      GrammarState st = g->Start();
+      std::string out;
+      while (!st.finished() && out.size() < 600) {
+        if (st.accepting() && std::uniform_int_distribution<int>(0, 3)(rng) == 0) break;
+        const ByteSet next = st.NextBytes();
+        std::vector<uint8_t> options, closing;
+        for (int c = 0; c < 256; ++c) {
+          if (!next.test(static_cast<size_t>(c))) continue;
+          options.push_back(static_cast<uint8_t>(c));
+          if (c == '"' || c == '}' || c == ']') closing.push_back(static_cast<uint8_t>(c));
+        }
+        ASSERT_FALSE(options.empty()) << out;
+        const bool close = !closing.empty() && std::uniform_int_distribution<size_t>(0, 60)(rng) < out.size() / 8;
+        const std::vector<uint8_t>& from = close ? closing : options;
+        const uint8_t c = from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
+        ASSERT_TRUE(st.Advance(c));
+        out.push_back(static_cast<char>(c));
+      }
+      if (!st.accepting()) continue;
+      ++complete;
+      const Json v = Json::parse(out, nullptr, /*allow_exceptions=*/false);
+      ASSERT_FALSE(v.is_discarded()) << out;
+      const Status ok = ValidateJsonSchema(v, schema);
+      ASSERT_TRUE(ok.ok()) << ok.message() << "\n" << out;
+    }
+    EXPECT_GE(complete, 200) << text;
+  }
 }
 
 TEST(ChatFormat, PyJsonDumpsMatchesPython) {
