@@ -156,6 +156,37 @@ void OutputParser::Finish(std::vector<ParsedEvent>* out) {
   Process(out, true);
 }
 
+size_t OutputParser::FindToolCallClose() {
+  // The body is JSON: a close tag inside one of its strings ("</tool_call>" in a file's text,
+  // "```" in a code argument) is content. Scanned from where the last call stopped, so each
+  // byte of a long call is looked at about once, not once per Feed.
+  size_t i = tool_close_from_;
+  size_t end = std::string::npos;
+  for (; i < tool_buf_.size(); ++i) {
+    const char c = tool_buf_[i];
+    if (json_in_string_) {
+      if (json_escape_)
+        json_escape_ = false;
+      else if (c == '\\')
+        json_escape_ = true;
+      else if (c == '"')
+        json_in_string_ = false;
+      continue;
+    }
+    if (c == '"') {
+      json_in_string_ = true;
+      continue;
+    }
+    if (c != close_[0]) continue;
+    const size_t avail = std::min(tool_buf_.size() - i, close_.size());
+    if (tool_buf_.compare(i, avail, close_, 0, avail) != 0) continue;
+    if (avail == close_.size()) end = i;
+    break;  // the close tag, or what may become one when more text comes
+  }
+  tool_close_from_ = i;
+  return end;
+}
+
 void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
   while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
     switch (mode_) {
@@ -245,6 +276,7 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
           mode_ = Mode::kToolCall;
           tool_buf_.clear();
           tool_close_from_ = 0;
+          json_in_string_ = json_escape_ = false;
           continue;
         }
         size_t keep = 0;
@@ -306,11 +338,9 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
       case Mode::kToolCall: {
         tool_buf_ += buf_;
         buf_.clear();
-        // Searched from where a close tag could still start: each byte of a long call is
-        // scanned about once, not once per Feed.
-        const size_t end = tool_buf_.find(close_, tool_close_from_);
-        if (end == std::string::npos && tool_buf_.size() >= close_.size())
-          tool_close_from_ = tool_buf_.size() - close_.size() + 1;
+        size_t end = FindToolCallClose();
+        // Not JSON after all (a quote never closed): the first close tag anywhere ends it.
+        if (end == std::string::npos && final) end = tool_buf_.find(close_);
         if (end != std::string::npos) {
           buf_ = tool_buf_.substr(end + close_.size());
           const std::string body = tool_buf_.substr(0, end);

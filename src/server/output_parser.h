@@ -74,18 +74,20 @@ class OutputParser {
   bool ParseBareToolCalls(const std::string& body, std::vector<ChatToolCall>* calls) const;
   enum class Mode { kMaybeReasoning, kReasoning, kContent, kToolCall, kBareJson };
   void Process(std::vector<ParsedEvent>* out, bool final);
+  // kToolCall: where close_ starts in tool_buf_ outside the body's JSON strings, or npos.
+  size_t FindToolCallClose();
   void EmitText(std::string_view s, std::vector<ParsedEvent>* out);
   void EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out);
   void CompleteToolCall(const std::string& body, std::vector<ParsedEvent>* out);
 
   Options opts_;
   Mode mode_ = Mode::kContent;
-  std::string buf_;             // undecided input
-  std::string tool_buf_;        // body of the open tool call (or of a bare JSON object)
-  std::string open_, close_;    // kToolCall: the markers of the open call (tag or fence)
-  size_t tool_close_from_ = 0;  // kToolCall: tool_buf_ holds no "</tool_call>" starting before this
-  int json_depth_ = 0;          // kBareJson: brace depth, string state
-  bool json_in_string_ = false;
+  std::string buf_;              // undecided input
+  std::string tool_buf_;         // body of the open tool call (or of a bare JSON object)
+  std::string open_, close_;     // kToolCall: the markers of the open call (tag or fence)
+  size_t tool_close_from_ = 0;   // kToolCall: scanned up to here (json_* hold the state there)
+  int json_depth_ = 0;           // kBareJson: brace depth
+  bool json_in_string_ = false;  // kBareJson, kToolCall: inside a JSON string (after a backslash)
   bool json_escape_ = false;
   std::string held_ws_;  // trailing whitespace of the text, emitted once more text follows
   bool skip_ws_ = true;  // drop whitespace at the start of text

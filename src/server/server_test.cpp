@@ -277,6 +277,44 @@ TEST(OutputParser, ForcedToolCallPrefillAndUnterminatedCall) {
   EXPECT_EQ(ev[0].call.arguments["city"], "Oslo");
 }
 
+// A close tag inside the call's JSON strings is content (CI once saw a sampled forced call whose
+// city held "</tool_call>" come back as text): the call ends at the tag after the JSON.
+TEST(OutputParser, CloseTagInsideAStringIsContent) {
+  OutputParser::Options o;
+  o.parse_tool_calls = true;
+  o.tools = {WeatherTool()};
+  const std::string city = "Pa</tool_call>ris \\\"```\\\" </tool_call";
+  const std::string call = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" + city + "\"}}";
+  for (const std::string& text :
+       {"Sure. <tool_call>\n" + call + "\n</tool_call>\nDone.", "```json\n" + call + "\n```"}) {
+    OutputParser p(o);
+    const auto ev = FeedAll(p, {text});
+    ASSERT_GE(ev.size(), 1u) << text;
+    const auto calls = std::count_if(ev.begin(), ev.end(),
+                                     [](const ParsedEvent& e) { return e.kind == ParsedEvent::Kind::kToolCall; });
+    ASSERT_EQ(calls, 1) << text;
+    for (const ParsedEvent& e : ev)
+      if (e.kind == ParsedEvent::Kind::kToolCall)
+        EXPECT_EQ(e.call.arguments["city"], "Pa</tool_call>ris \"```\" </tool_call");
+    ExpectSplitInvariant(o, text);
+  }
+  o.tool_call_prefill = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
+  const std::string forced = "{\"city\": \"" + city + "\"}}\n</tool_call>";
+  ExpectSplitInvariant(o, forced);
+  OutputParser f(o);
+  const auto ev = FeedAll(f, {forced});
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[0].call.arguments["city"], "Pa</tool_call>ris \"```\" </tool_call");
+  // Not JSON (a quote never closed): the first close tag still ends the call, as text.
+  o.tool_call_prefill.clear();
+  OutputParser g(o);
+  const auto bad = FeedAll(g, {"<tool_call>\n{\"name\": \"get_weather\n</tool_call>\nafter"});
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].kind, ParsedEvent::Kind::kText);
+  EXPECT_NE(bad[0].text.find("after"), std::string::npos) << bad[0].text;
+}
+
 // Qwen2.5-Coder-0.5B answered Claude Code with an untagged call; it must still be a call.
 TEST(OutputParser, BareJsonToolCallAtStart) {
   OutputParser::Options o;
