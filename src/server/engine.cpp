@@ -483,11 +483,8 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
   if (cache) cache->KeepLong(job->prompt, long_until);
   s.idle_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
                                     long_until > 0 ? opts.cache_long_ttl_s : opts.cache_ttl_s));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    sched.Finish(s.id);
-    running.erase(s.id);
-  }
+  // The counters first: once the scheduler lets the slot go, /health shows it free, and a client
+  // that waits for that (the disconnect tests) must then read this request in /metrics.
   if (metrics) {
     metrics->prompt_tokens += static_cast<uint64_t>(st.prompt_tokens);
     metrics->prefill_tokens += static_cast<uint64_t>(std::max<int64_t>(0, st.prompt_tokens - st.reused_tokens));
@@ -500,6 +497,11 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
       if (at > 0)
         metrics->cancel_release_s.Observe(static_cast<double>(Clock::now().time_since_epoch().count() - at) * 1e-9);
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched.Finish(s.id);
+    running.erase(s.id);
   }
   if (!error.ok()) {
     job->on_done(error);
@@ -721,6 +723,7 @@ void Engine::Impl::Loop() {
       // Cancelled while queued: out of the queue at once. Active: dropped by this plan.
       for (auto it = queued.begin(); it != queued.end();) {
         if (it->second.job->cancelled && sched.Cancel(it->first)) {
+          if (metrics) ++metrics->cancellations;  // counted before /health shows it gone
           left_queued.push_back(std::move(it->second.job));
           it = queued.erase(it);
         } else {
@@ -738,7 +741,6 @@ void Engine::Impl::Loop() {
       }
     }
     for (auto& job : left_queued) {
-      if (metrics) ++metrics->cancellations;
       JobResult r;
       r.prompt_tokens = static_cast<int64_t>(job->prompt.size());
       r.stop = StopCause::kCancelled;
