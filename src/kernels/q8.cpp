@@ -145,27 +145,38 @@ void QActs::Resize(int64_t rows, int64_t c) {
 }
 
 void QActs::ComputeSums(int64_t r_begin, int64_t r_end) {
-  const bool interleave = n_rows >= kInterleaveMinRows;
+  // Sizes and base pointers in locals: the int8 stores below may alias any member, so the
+  // compiler would otherwise reload cols on every 4-byte store of the interleave.
+  const int64_t c = cols, n16 = c / 16, n32 = c / 32, ng = c / kActGroup;
+  const bool interleave = n_rows >= kInterleaveMinRows, blocks = n_rows >= kBlockRows;
+  const int8_t* const q0 = q.data();
+  int8_t* const qi0 = qi.data();
+  int16_t* const s16_0 = sums16.data();
+  float* const s32_0 = sums32.data();
+  const float* const sc0 = scales.data();
   for (int64_t r = r_begin; r < r_end; ++r) {
-    const int8_t* xr = q.data() + r * cols;
+    const int8_t* xr = q0 + r * c;
     if (interleave) {
-      int8_t* xi = qi.data() + (r / kInterleaveRows) * cols * kInterleaveRows + (r % kInterleaveRows) * 4;
-      for (int64_t k = 0; k < cols / 4; ++k) std::memcpy(xi + k * 4 * kInterleaveRows, xr + 4 * k, 4);
+      int8_t* xi = qi0 + (r / kInterleaveRows) * c * kInterleaveRows + (r % kInterleaveRows) * 4;
+      for (int64_t k = 0; k < c / 4; ++k) std::memcpy(xi + k * 4 * kInterleaveRows, xr + 4 * k, 4);
     }
-    int16_t* s16 = sums16.data() + r * (cols / 16);
-    for (int64_t j = 0; j < cols / 16; ++j) {
+    int16_t* s16 = s16_0 + r * n16;
+    for (int64_t j = 0; j < n16; ++j) {
       int s = 0;
       for (int i = 0; i < 16; ++i) s += xr[16 * j + i];
       s16[j] = static_cast<int16_t>(s);
     }
-    for (int64_t j = 0; j < cols / 32; ++j) {
-      const float scale = scales[r * (cols / kActGroup) + (32 * j) / kActGroup];
-      sums32[r * (cols / 32) + j] = scale * static_cast<float>(s16[2 * j] + s16[2 * j + 1]);
+    float* s32 = s32_0 + r * n32;
+    for (int64_t j = 0; j < n32; ++j) {
+      const float scale = sc0[r * ng + (32 * j) / kActGroup];
+      s32[j] = scale * static_cast<float>(s16[2 * j] + s16[2 * j + 1]);
     }
-    if (n_rows >= kBlockRows) {
-      const int64_t ng = cols / kActGroup, ns = cols / 32, b = r / kBlockRows, o = r % kBlockRows;
-      for (int64_t g = 0; g < ng; ++g) xs_t[static_cast<size_t>((b * ng + g) * kBlockRows + o)] = scales[r * ng + g];
-      for (int64_t j = 0; j < ns; ++j) s32_t[static_cast<size_t>((b * ns + j) * kBlockRows + o)] = sums32[r * ns + j];
+    if (blocks) {
+      const int64_t b = r / kBlockRows, o = r % kBlockRows;
+      float* xt = xs_t.data() + b * ng * kBlockRows + o;
+      float* st = s32_t.data() + b * n32 * kBlockRows + o;
+      for (int64_t g = 0; g < ng; ++g) xt[g * kBlockRows] = sc0[r * ng + g];
+      for (int64_t j = 0; j < n32; ++j) st[j * kBlockRows] = s32[j];
     }
   }
 }
