@@ -9,6 +9,38 @@
 #include "model/forward_ops.h"
 
 namespace mr {
+
+void TopLogitCandidates(const float* y, int64_t vocab, int k, float margin, std::vector<int32_t>* ids) {
+  // One pass: a candidate is kept while it could still be among the k best (by value, then
+  // lower id); whenever 2k are held, the best k stay and the k-th's value becomes the bar, which
+  // later ids (higher, so losing ties) must beat. The margin is applied to the k best at the end:
+  // the same set as filtering by the margin first, since whatever the margin keeps beats
+  // whatever it drops.
+  const auto better = [y](int32_t a, int32_t c) { return y[a] > y[c] || (y[a] == y[c] && a < c); };
+  const auto keep_best = [&] {
+    std::nth_element(ids->begin(), ids->begin() + k, ids->end(), better);
+    ids->resize(static_cast<size_t>(k));
+  };
+  ids->clear();
+  ids->reserve(static_cast<size_t>(2 * k));
+  float mx = -INFINITY, bar = -INFINITY;
+  bool full = false;  // the bar is the k-th best so far (ties at it lose)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = y[i];
+    mx = v > mx ? v : mx;
+    if (v > bar || (v == bar && !full)) {
+      ids->push_back(static_cast<int32_t>(i));
+      if (ids->size() == static_cast<size_t>(2 * k)) {
+        keep_best();
+        bar = y[*std::min_element(ids->begin(), ids->end(), [&](int32_t a, int32_t c) { return better(c, a); })];
+        full = true;
+      }
+    }
+  }
+  if (ids->size() > static_cast<size_t>(k)) keep_best();
+  std::erase_if(*ids, [&](int32_t i) { return !(y[i] >= mx - margin); });
+}
+
 namespace {
 
 class FastOps final : public ForwardOps {
@@ -159,20 +191,8 @@ class FastOps final : public ForwardOps {
     // recomputation as one parallel op, so a decode step's kTopLogits rows are split between the
     // threads too. Each logit is the same expression whichever thread computes it.
     auto candidates = [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r) {
-        const float* yr = y + r * vocab;
-        std::vector<int32_t>& ids = top_ids_[static_cast<size_t>(r)];
-        const float mx = *std::max_element(yr, yr + vocab);
-        ids.clear();
-        for (int64_t i = 0; i < vocab; ++i) {
-          if (yr[i] >= mx - kTopMargin) ids.push_back(static_cast<int32_t>(i));
-        }
-        if (ids.size() > static_cast<size_t>(kTopLogits)) {
-          std::nth_element(ids.begin(), ids.begin() + kTopLogits, ids.end(),
-                           [&](int32_t a, int32_t c) { return yr[a] > yr[c] || (yr[a] == yr[c] && a < c); });
-          ids.resize(kTopLogits);
-        }
-      }
+      for (int64_t r = b; r < e; ++r)
+        TopLogitCandidates(y + r * vocab, vocab, kTopLogits, kTopMargin, &top_ids_[static_cast<size_t>(r)]);
     };
     if (n == 1) {
       candidates(0, 1, 0);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "kernels/ops.h"
@@ -58,6 +59,11 @@ class ForwardOps {
   virtual void Glu(const WeightMatrix& gate, const WeightMatrix& up, const float* x, int64_t n, GluAct act,
                    float* out) = 0;
 };
+
+// The candidates of the exact top logits (FastOps::Logits): of the ids i of y (vocab) with
+// y[i] >= max(y) - margin, the k highest by value (the lower id first among equal values), in no
+// particular order.
+void TopLogitCandidates(const float* y, int64_t vocab, int k, float margin, std::vector<int32_t>* ids);
 
 // activation_sums: the model has native K-quant matrices, whose kernels read per-row sums of
 // the quantized activations (QActs::ComputeSums).

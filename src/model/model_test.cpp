@@ -20,6 +20,7 @@
 #include <random>
 
 #include "base/half.h"
+#include "model/forward_ops.h"
 #include "model/gguf_writer.h"
 
 namespace mr {
@@ -1200,6 +1201,35 @@ TEST(FineActs, TopLogitsAreRecomputedExactly) {
     EXPECT_EQ(MaxAbsDiff(one, std::vector<float>(t.begin() + row * V, t.begin() + (row + 1) * V)), 0.0) << row;
   }
   std::filesystem::remove(path);
+}
+
+// The one-pass selection against its definition: filter by the margin, sort by (value desc, id
+// asc), keep k. Logits drawn from few distinct values (many ties at the k-th), spread wide or
+// narrow against the margin, vocabularies below and above k.
+TEST(TopLogits, CandidatesAreTheKBestWithinTheMargin) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> got;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t vocab = std::uniform_int_distribution<int64_t>(1, 5000)(rng);
+    const int k = std::uniform_int_distribution<int>(1, 300)(rng);
+    const int levels = std::uniform_int_distribution<int>(1, 200)(rng);
+    const float spread = std::uniform_real_distribution<float>(0.5f, 80.0f)(rng);
+    std::vector<float> y(static_cast<size_t>(vocab));
+    for (float& v : y) v = spread * static_cast<float>(std::uniform_int_distribution<int>(0, levels)(rng)) / levels;
+    std::vector<int32_t> want;
+    const float mx = *std::max_element(y.begin(), y.end());
+    for (int32_t i = 0; i < vocab; ++i)
+      if (y[static_cast<size_t>(i)] >= mx - 24.0f) want.push_back(i);
+    std::sort(want.begin(), want.end(), [&](int32_t a, int32_t c) {
+      return y[static_cast<size_t>(a)] > y[static_cast<size_t>(c)] ||
+             (y[static_cast<size_t>(a)] == y[static_cast<size_t>(c)] && a < c);
+    });
+    if (want.size() > static_cast<size_t>(k)) want.resize(static_cast<size_t>(k));
+    std::sort(want.begin(), want.end());
+    TopLogitCandidates(y.data(), vocab, k, 24.0f, &got);
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got, want) << "trial " << trial << " vocab " << vocab << " k " << k;
+  }
 }
 
 }  // namespace
