@@ -293,9 +293,11 @@ TEST(OutputParser, CloseTagInsideAStringIsContent) {
     const auto calls = std::count_if(ev.begin(), ev.end(),
                                      [](const ParsedEvent& e) { return e.kind == ParsedEvent::Kind::kToolCall; });
     ASSERT_EQ(calls, 1) << text;
-    for (const ParsedEvent& e : ev)
-      if (e.kind == ParsedEvent::Kind::kToolCall)
+    for (const ParsedEvent& e : ev) {
+      if (e.kind == ParsedEvent::Kind::kToolCall) {
         EXPECT_EQ(e.call.arguments["city"], "Pa</tool_call>ris \"```\" </tool_call");
+      }
+    }
     ExpectSplitInvariant(o, text);
   }
   o.tool_call_prefill = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
