@@ -1,6 +1,8 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "model/unicode.h"
 
@@ -175,7 +177,9 @@ void GrammarBuilder::DefineRule(uint32_t rule, const Expr& body) {
 std::shared_ptr<const Grammar> GrammarBuilder::Build(const Expr& root) {
   const uint32_t r = DeclareRule();
   DefineRule(r, root);
+  static std::atomic<uint64_t> next_id{1};
   auto g = std::make_shared<Grammar>();
+  g->id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   g->sets_ = sets_;
   g->string_set_ = string_set_;
   g->root_ = r;
@@ -360,7 +364,8 @@ TokenMasker::TokenMasker(const Tokenizer& tok, int64_t n_vocab) : n_vocab_(n_voc
   special_.Build(std::move(special));
 }
 
-void TokenMasker::Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed) const {
+void TokenMasker::Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed,
+                       std::vector<TokenId>* ids) const {
   // Depth-first over the trie; states[d] is the state after the first d bytes of the path.
   struct Frame {
     uint32_t node;
@@ -383,7 +388,11 @@ void TokenMasker::Walk(const Trie& trie, const GrammarState& state, std::vector<
     if (!next.back().test(child.byte)) continue;
     GrammarState s = states.back();
     if (!s.Advance(child.byte)) continue;
-    for (uint32_t i = 0; i < child.n_tokens; ++i) (*allowed)[trie.token_ids[child.first_token + i]] = 1;
+    for (uint32_t i = 0; i < child.n_tokens; ++i) {
+      const TokenId t = trie.token_ids[child.first_token + i];
+      (*allowed)[static_cast<size_t>(t)] = 1;
+      ids->push_back(t);
+    }
     if (child.n_children == 0) continue;
     next.push_back(s.NextBytes());
     states.push_back(std::move(s));
@@ -396,12 +405,47 @@ void TokenMasker::Mask(const GrammarState& state, std::vector<uint8_t>* allowed)
     allowed->assign(eog_.begin(), eog_.end());
     return;
   }
-  if (state.in_free_string()) {
+  const bool free_string = state.in_free_string();
+  if (free_string) {
     allowed->assign(plain_.begin(), plain_.end());
-    Walk(special_, state, allowed);
   } else {
     allowed->assign(static_cast<size_t>(n_vocab_), 0);
-    Walk(all_, state, allowed);
+  }
+  // The key: the grammar's id, the base, and the state's parse stacks (sorted and unique, so
+  // equal states give equal keys).
+  std::string key;
+  const uint64_t gid = state.grammar()->id_;
+  key.append(reinterpret_cast<const char*>(&gid), sizeof gid);
+  key.push_back(free_string ? 1 : 0);
+  for (const GrammarState::Stack& st : state.stacks_) {
+    const uint32_t n = static_cast<uint32_t>(st.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof n);
+    key.append(reinterpret_cast<const char*>(st.data()), st.size() * sizeof(uint32_t));
+  }
+  bool hit = false;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      for (const TokenId t : it->second.ids) (*allowed)[static_cast<size_t>(t)] = 1;
+      cache_lru_.splice(cache_lru_.begin(), cache_lru_, it->second.lru);
+      hit = true;
+    }
+  }
+  if (!hit) {
+    std::vector<TokenId> ids;
+    Walk(free_string ? special_ : all_, state, allowed, &ids);
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (!cache_.count(key) && ids.size() <= kCacheIds) {
+      cache_ids_ += ids.size();
+      cache_lru_.push_front(key);
+      cache_.emplace(std::move(key), CacheEntry{std::move(ids), cache_lru_.begin()});
+      while (cache_ids_ > kCacheIds) {
+        auto old = cache_.find(cache_lru_.back());
+        cache_ids_ -= old->second.ids.size();
+        cache_.erase(old);
+        cache_lru_.pop_back();
+      }
+    }
   }
   if (state.accepting())
     for (size_t t = 0; t < eog_.size(); ++t) (*allowed)[t] |= eog_[t];
