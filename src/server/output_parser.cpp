@@ -156,6 +156,20 @@ void OutputParser::Finish(std::vector<ParsedEvent>* out) {
   Process(out, true);
 }
 
+bool OutputParser::JsonStringByte(char c) {
+  if (json_in_string_) {
+    if (json_escape_)
+      json_escape_ = false;
+    else if (c == '\\')
+      json_escape_ = true;
+    else if (c == '"')
+      json_in_string_ = false;
+    return true;
+  }
+  json_in_string_ = c == '"';
+  return json_in_string_;
+}
+
 size_t OutputParser::FindToolCallClose() {
   // The body is JSON: a close tag inside one of its strings ("</tool_call>" in a file's text,
   // "```" in a code argument) is content. Scanned from where the last call stopped, so each
@@ -164,20 +178,7 @@ size_t OutputParser::FindToolCallClose() {
   size_t end = std::string::npos;
   for (; i < tool_buf_.size(); ++i) {
     const char c = tool_buf_[i];
-    if (json_in_string_) {
-      if (json_escape_)
-        json_escape_ = false;
-      else if (c == '\\')
-        json_escape_ = true;
-      else if (c == '"')
-        json_in_string_ = false;
-      continue;
-    }
-    if (c == '"') {
-      json_in_string_ = true;
-      continue;
-    }
-    if (c != close_[0]) continue;
+    if (JsonStringByte(c) || c != close_[0]) continue;
     const size_t avail = std::min(tool_buf_.size() - i, close_.size());
     if (tool_buf_.compare(i, avail, close_, 0, avail) != 0) continue;
     if (avail == close_.size()) end = i;
@@ -298,16 +299,8 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         bool closed = false;
         for (; i < buf_.size() && !closed; ++i) {
           const char c = buf_[i];
-          if (json_in_string_) {
-            if (json_escape_)
-              json_escape_ = false;
-            else if (c == '\\')
-              json_escape_ = true;
-            else if (c == '"')
-              json_in_string_ = false;
-          } else if (c == '"') {
-            json_in_string_ = true;
-          } else if (c == '{' || c == '[') {
+          if (JsonStringByte(c)) continue;
+          if (c == '{' || c == '[') {
             ++json_depth_;
           } else if (c == '}' || c == ']') {
             closed = --json_depth_ == 0;

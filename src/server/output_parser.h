@@ -76,6 +76,9 @@ class OutputParser {
   void Process(std::vector<ParsedEvent>* out, bool final);
   // kToolCall: where close_ starts in tool_buf_ outside the body's JSON strings, or npos.
   size_t FindToolCallClose();
+  // Advances the JSON string state (json_in_string_, json_escape_) over c: true when c belongs
+  // to a string, its quotes included.
+  bool JsonStringByte(char c);
   void EmitText(std::string_view s, std::vector<ParsedEvent>* out);
   void EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out);
   void CompleteToolCall(const std::string& body, std::vector<ParsedEvent>* out);
