@@ -405,6 +405,10 @@ void TokenMasker::Mask(const GrammarState& state, std::vector<uint8_t>* allowed)
     allowed->assign(eog_.begin(), eog_.end());
     return;
   }
+  if (state.dead() || state.grammar() == nullptr) {  // nothing can follow
+    allowed->assign(static_cast<size_t>(n_vocab_), 0);
+    return;
+  }
   const bool free_string = state.in_free_string();
   if (free_string) {
     allowed->assign(plain_.begin(), plain_.end());

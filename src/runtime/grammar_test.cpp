@@ -256,6 +256,13 @@ TEST_F(TokenMaskTest, TrieMaskEqualsPerTokenCheck) {
     EXPECT_TRUE(s.finished());
   }
   EXPECT_GT(free_string_states, 10);  // the fast path was exercised
+  // A dead state and a state of no grammar allow nothing.
+  GrammarState dead = g->Start();
+  EXPECT_FALSE(dead.Advance('x'));
+  for (const GrammarState& st : {dead, GrammarState()}) {
+    masker_->Mask(st, &mask);
+    EXPECT_EQ(std::count(mask.begin(), mask.end(), 0), masker_->n_vocab());
+  }
 }
 
 TEST_F(TokenMaskTest, LazyConstraintStartsAtTheTriggerAndRepeats) {
