@@ -154,7 +154,9 @@ struct Engine::Impl {
   // Step's bookkeeping once every entry is consumed (rates, the chunk size, the token window).
   void FinishStep(double step_s, int64_t generated, int64_t prefilled);
   // Ends the slot's job: reports the outcome, frees the slot (and its KV memory when `release`).
-  void Finish(Slot& s, const mr::Status& error, bool release);
+  // cancel_counted: the cancellation was counted in /metrics already (when the scheduler
+  // dropped the sequence, before /health could show its slot free).
+  void Finish(Slot& s, const mr::Status& error, bool release, bool cancel_counted = false);
   bool OnToken(Slot& s, TokenId t);
   // The prompt and prompt-caching counts of a job whose prompt has `reused_tokens` cached.
   static JobResult CacheUsage(const EngineJob& job, int64_t prompt_tokens, int64_t reused_tokens);
@@ -472,7 +474,7 @@ bool Engine::Impl::OnToken(Slot& s, TokenId t) {
   return s.job->on_token(t);
 }
 
-void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
+void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release, bool cancel_counted) {
   std::shared_ptr<EngineJob> job = std::move(s.job);
   s.job = nullptr;
   const GenerateStats& st = s.seq.stats();
@@ -492,7 +494,7 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release) {
     metrics->spec_drafted += static_cast<uint64_t>(st.drafted);
     metrics->spec_accepted += static_cast<uint64_t>(st.accepted);
     if (cancelled) {
-      ++metrics->cancellations;
+      if (!cancel_counted) ++metrics->cancellations;
       const int64_t at = job->cancelled_at_ns.load();
       if (at > 0)
         metrics->cancel_release_s.Observe(static_cast<double>(Clock::now().time_since_epoch().count() - at) * 1e-9);
@@ -733,6 +735,9 @@ void Engine::Impl::Loop() {
       for (auto& [id, job] : running)
         if (job->cancelled) sched.Cancel(id);
       plan = sched.Next();
+      // Dropped sequences have left the active count /health reports: counted now, not when
+      // Finish runs after the lock.
+      if (metrics) metrics->cancellations += plan.dropped.size();
       for (sched::SeqId id : plan.started) {
         auto it = queued.find(id);
         running.emplace(id, it->second.job);
@@ -749,7 +754,7 @@ void Engine::Impl::Loop() {
     for (sched::SeqId id : plan.dropped) {
       if (Slot* s = SlotOf(id)) {
         s->seq.Cancel();
-        Finish(*s, mr::Status::Ok(), /*release=*/true);
+        Finish(*s, mr::Status::Ok(), /*release=*/true, /*cancel_counted=*/true);
       }
     }
     for (auto& [id, w] : starting) {
