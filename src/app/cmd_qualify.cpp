@@ -70,7 +70,8 @@ Result<Config> ParseConfig(const std::string& spec) {
       c.ref_path = value == "ref";
     } else if (key == "cpu") {
       if (!ParseCpuVariant(value, &c.cpu)) {
-        return InvalidArgument("CONFIG '" + spec + "': cpu must be scalar, avx2, avx512 or amx, got '" + value + "'");
+        return InvalidArgument("CONFIG '" + spec + "': cpu must be one of " + CpuVariantNames() + ", got '" + value +
+                               "'");
       }
       if (!CpuSupports(c.cpu)) {
         return InvalidArgument("CONFIG '" + spec + "': this CPU cannot run cpu=" + value);

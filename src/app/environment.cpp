@@ -18,7 +18,7 @@ std::string Get(const char* name) {
   return v != nullptr ? std::string(v) : std::string();
 }
 
-Status Bad(const char* name, const std::string& value, const char* allowed) {
+Status Bad(const char* name, const std::string& value, const std::string& allowed) {
   return InvalidArgument(std::string(name) + "='" + value + "' is not valid; allowed: " + allowed);
 }
 
@@ -49,7 +49,7 @@ Status ApplyEnvironment() {
   }
   if (std::string v = Get("MERERUN_CPU"); !v.empty()) {
     CpuVariant c;
-    if (!ParseCpuVariant(v, &c)) return Bad("MERERUN_CPU", v, "scalar, avx2, avx512, amx");
+    if (!ParseCpuVariant(v, &c)) return Bad("MERERUN_CPU", v, CpuVariantNames());
     RequestCpuVariant(c);
   }
   if (std::string v = Get("MERERUN_WEIGHTS"); !v.empty()) {

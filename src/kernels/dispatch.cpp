@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "base/log.h"
 #include "kernels/ops.h"
@@ -161,6 +162,12 @@ bool ParseCpuVariant(const std::string& name, CpuVariant* v) {
     }
   }
   return false;
+}
+
+std::string CpuVariantNames() {
+  std::string s;
+  for (CpuVariant c : kAllCpuVariants) s += (s.empty() ? "" : ", ") + std::string(CpuVariantName(c));
+  return s;
 }
 
 void RequestCpuVariant(std::optional<CpuVariant> v) {

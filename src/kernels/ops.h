@@ -29,6 +29,8 @@ CpuVariant SelectedCpuVariant();
 void RequestCpuVariant(std::optional<CpuVariant> v);
 // "scalar", "avx2", "avx512" or "amx" (CpuVariantName's names); false for anything else.
 bool ParseCpuVariant(const std::string& name, CpuVariant* v);
+// Every variant's name, ", " between them (for error messages).
+std::string CpuVariantNames();
 bool CpuSupports(CpuVariant v);
 
 // Software prefetch distance of the weight-streaming tile kernels, bytes ahead of each read (0:
@@ -97,8 +99,14 @@ struct KernelTable {
 };
 
 // Largest block of cache positions any attention kernel uses (the scalar one; AVX2 uses 8,
-// AVX-512 16): the unit of scratch sizes.
+// AVX-512 32): the unit of scratch sizes.
 constexpr int64_t kAttnBlock = 64;
+// The first 64-byte boundary at or after p: where the vector kernels put their block buffers, so
+// that their vector loads do not span two cache lines (up to 15 floats of the scratch's slack:
+// the AVX2 and AVX-512 kernels use 2 * 8 * hd and 2 * 32 * hd of its 2 * kAttnBlock * hd).
+inline float* AlignAttentionScratch(float* p) {
+  return p + (-reinterpret_cast<uintptr_t>(p) / sizeof(float) & 15);
+}
 inline int64_t AttentionScratchFloats(int64_t n_rows, int64_t n_q, int64_t hd) {
   // K^T and V of one block, then per (row, head): a block of probabilities, running max and sum.
   return 2 * kAttnBlock * hd + n_rows * n_q * (kAttnBlock + 2);
