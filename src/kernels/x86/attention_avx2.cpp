@@ -158,10 +158,10 @@ void AttentionGqaAvx2(const AttnChunk& a, float* scratch) {
     ref::AttentionGqa(a, scratch);
     return;
   }
-  float* kt = scratch;           // (hd, 8): K^T of the block
-  float* vf = kt + hd * kBlock;  // (8, hd): V of the block in FP32
-  float* m = vf + kBlock * hd;   // (n_rows * n_q) running max
-  float* l = m + n_rows * n_q;   // (n_rows * n_q) running sum of exp
+  float* kt = AlignAttentionScratch(scratch);  // (hd, 8): K^T of the block
+  float* vf = kt + hd * kBlock;                // (8, hd): V of the block in FP32
+  float* m = vf + kBlock * hd;                 // (n_rows * n_q) running max
+  float* l = m + n_rows * n_q;                 // (n_rows * n_q) running sum of exp
   int64_t jmin = a.lo[0], jmax = a.hi[0];
   for (int64_t r = 0; r < n_rows; ++r) {
     jmin = std::min(jmin, a.lo[r]);

@@ -1,19 +1,20 @@
 // AVX-512 attention over the BF16 KV cache (KernelTable::attention, ops.h), for head sizes that
-// are a multiple of 32 (up to 256): blocks of 16 cache positions aligned to multiples of 16, one
-// position per lane.
+// are a multiple of 32 (up to 256): blocks of 32 cache positions aligned to multiples of 32, one
+// position per lane of two registers.
 //
 // Per block, K is read and transposed once for every query row and head of the chunk (16 x 16
 // transposes of 32-bit words, each word a BF16 pair (i, i+1); shift and mask make them two FP32
-// rows of K^T), and V converted once. The (row, head) pairs of the chunk then take the block in
-// groups of up to four: the scores are hd FMAs per pair with the query element broadcast from
-// memory and no horizontal sums (each K^T load serves the whole group), the online softmax runs
-// on the 16 lanes, and the probabilities are applied to V with the pairs' outputs in registers.
-// A prefill chunk of R rows thus reads and converts each K/V block once instead of R times.
-// Every pair's arithmetic is the same whatever group it falls in (fixed FMA chains), so a row's
-// result does not depend on the rows that share its call. Same online-softmax algorithm as
-// ref::AttentionGqa, so results agree to rounding.
-// GCC 12's 512-bit conversion intrinsics start from a self-initialized "undefined" register
-// (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false positive.
+// rows of K^T), and V converted once. 32 positions a block: each broadcast query element serves
+// two K^T loads' FMAs (16 positions left the score loop bound by loads, one per FMA), and the
+// softmax's reductions and the output rescaling come once per 32 positions. The (row, head) pairs of the chunk then
+// take the block in groups of up to four: the scores are hd FMAs per pair with the query element broadcast from memory
+// and no horizontal sums (each K^T load serves the whole group), the online softmax runs on the 16 lanes, and the
+// probabilities are applied to V with the pairs' outputs in registers. A prefill chunk of R rows thus reads and
+// converts each K/V block once instead of R times. Every pair's arithmetic is the same whatever group it falls in
+// (fixed FMA chains), so a row's result does not depend on the rows that share its call. Same online-softmax algorithm
+// as ref::AttentionGqa, so results agree to rounding. GCC 12's 512-bit conversion intrinsics start from a
+// self-initialized "undefined" register (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false
+// positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
@@ -24,13 +25,25 @@
 
 namespace {
 
-constexpr int64_t kBlock = 16;  // cache positions per block, one per lane
+constexpr int64_t kBlock = 32;  // cache positions per block, one per lane of two registers
 
-// exp of 16 lanes (vec_math.h's Exp8 on each half).
+// exp of 16 lanes: vec_math.h's Exp8 in 512-bit registers, the same operations in the same order,
+// so the same results bit for bit at half the instructions.
 inline __m512 Exp16(__m512 x) {
-  const __m256 lo = Exp8(_mm512_castps512_ps256(x));
-  const __m256 hi = Exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
 // SoftCap8 (vec_math.h) on 16 lanes.
@@ -68,26 +81,32 @@ inline __m512 SoftCap16(__m512 x, float cap) {
   }
 }
 
-// Scores of P (row, head) pairs against the block's K^T (hd x 16): two FMA chains per pair (even
-// and odd i) for every P, so a pair's scores do not depend on the pairs computed with it.
+// Scores of P (row, head) pairs against the block's K^T (hd x 32): s[2p + h] holds positions
+// 16h..16h+15 of pair p. Two FMA chains per pair and half (even and odd i) for every P, so a
+// pair's scores do not depend on the pairs computed with it.
 template <int P>
 [[gnu::always_inline]] inline void Scores(const float* const* qp, const float* kt, int64_t hd, __m512* s) {
-  __m512 a[P], b[P];
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) a[p] = b[p] = _mm512_setzero_ps();
+  __m512 a[2 * P], b[2 * P];
+#pragma GCC unroll 8
+  for (int p = 0; p < 2 * P; ++p) a[p] = b[p] = _mm512_setzero_ps();
   for (int64_t i = 0; i < hd; i += 2) {
-    const __m512 k0 = _mm512_loadu_ps(kt + i * kBlock), k1 = _mm512_loadu_ps(kt + (i + 1) * kBlock);
+    const float* k = kt + i * kBlock;
+    const __m512 k00 = _mm512_loadu_ps(k), k01 = _mm512_loadu_ps(k + 16);
+    const __m512 k10 = _mm512_loadu_ps(k + kBlock), k11 = _mm512_loadu_ps(k + kBlock + 16);
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
-      a[p] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][i]), k0, a[p]);
-      b[p] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][i + 1]), k1, b[p]);
+      const __m512 q0 = _mm512_set1_ps(qp[p][i]), q1 = _mm512_set1_ps(qp[p][i + 1]);
+      a[2 * p] = _mm512_fmadd_ps(q0, k00, a[2 * p]);
+      a[2 * p + 1] = _mm512_fmadd_ps(q0, k01, a[2 * p + 1]);
+      b[2 * p] = _mm512_fmadd_ps(q1, k10, b[2 * p]);
+      b[2 * p + 1] = _mm512_fmadd_ps(q1, k11, b[2 * p + 1]);
     }
   }
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) s[p] = _mm512_add_ps(a[p], b[p]);
+#pragma GCC unroll 8
+  for (int p = 0; p < 2 * P; ++p) s[p] = _mm512_add_ps(a[p], b[p]);
 }
 
-// out_p = out_p * corr_p + sum over the block's 16 positions of prob_p[jj] * vf[jj], for P pairs
+// out_p = out_p * corr_p + sum over the block's 32 positions of prob_p[jj] * vf[jj], for P pairs
 // whose outputs (NC 16-float chunks each) stay in registers; each V load serves the P pairs.
 template <int NC, int P>
 [[gnu::always_inline]] inline void AccumulateV(const float* const* prob, const float* corr, const float* vf,
@@ -155,7 +174,7 @@ struct Group {
   int n = 0;
   const float* q[4];
   float* out[4];
-  __mmask16 valid[4];
+  __mmask16 valid[4][2];  // positions 0-15 and 16-31 of the block
   float* m[4];
   float* l[4];
 };
@@ -163,19 +182,28 @@ struct Group {
 template <int P>
 void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float softcap, float (*prob)[kBlock],
                 float* corr) {
-  __m512 s[P];
+  __m512 s[2 * P];
   Scores<P>(g.q, kt, hd, s);
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) {
-    __m512 x = _mm512_mul_ps(s[p], _mm512_set1_ps(scale));
-    if (softcap > 0) x = SoftCap16(x, softcap);
-    const __m512 sv = _mm512_mask_blend_ps(g.valid[p], _mm512_set1_ps(-INFINITY), x);
-    const float bm = std::fmax(*g.m[p], _mm512_reduce_max_ps(sv));
-    corr[p] = std::exp(*g.m[p] - bm);  // exp(-inf) = 0 on the row's first block
+    __m512 sv[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512 x = _mm512_mul_ps(s[2 * p + h], _mm512_set1_ps(scale));
+      if (softcap > 0) x = SoftCap16(x, softcap);
+      sv[h] = _mm512_mask_blend_ps(g.valid[p][h], _mm512_set1_ps(-INFINITY), x);
+    }
+    const float bm = std::fmax(*g.m[p], _mm512_reduce_max_ps(_mm512_max_ps(sv[0], sv[1])));
+    // exp(-inf) = 0 on the row's first block; exp(0) = 1 exactly, without the call, while the max
+    // holds (most blocks).
+    corr[p] = bm == *g.m[p] ? 1.0f : std::exp(*g.m[p] - bm);
     *g.m[p] = bm;
-    const __m512 pv = _mm512_maskz_mov_ps(g.valid[p], Exp16(_mm512_sub_ps(sv, _mm512_set1_ps(bm))));
-    _mm512_storeu_ps(prob[p], pv);
-    *g.l[p] = *g.l[p] * corr[p] + _mm512_reduce_add_ps(pv);
+    const __m512 bmv = _mm512_set1_ps(bm);
+    const __m512 pv0 = _mm512_maskz_mov_ps(g.valid[p][0], Exp16(_mm512_sub_ps(sv[0], bmv)));
+    const __m512 pv1 = _mm512_maskz_mov_ps(g.valid[p][1], Exp16(_mm512_sub_ps(sv[1], bmv)));
+    _mm512_storeu_ps(prob[p], pv0);
+    _mm512_storeu_ps(prob[p] + 16, pv1);
+    *g.l[p] = *g.l[p] * corr[p] + _mm512_reduce_add_ps(_mm512_add_ps(pv0, pv1));
   }
 }
 
@@ -212,10 +240,13 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
     AttentionGqaAvx2(a, scratch);
     return;
   }
-  float* kt = scratch;           // (hd, 16): K^T of the block
-  float* vf = kt + hd * kBlock;  // (16, hd): V of the block in FP32
-  float* m = vf + kBlock * hd;   // (n_rows * n_q) running max
-  float* l = m + n_rows * n_q;   // (n_rows * n_q) running sum of exp
+  // K^T and V on 64-byte lines: the score and V loops' loads would otherwise each span two (a
+  // third of the kernel's time on the Xeon of docs/performance.md stop 25).
+  static_assert(kBlock <= kAttnBlock);
+  float* kt = AlignAttentionScratch(scratch);  // (hd, 32): K^T of the block
+  float* vf = kt + hd * kBlock;                // (32, hd): V of the block in FP32
+  float* m = vf + kBlock * hd;                 // (n_rows * n_q) running max
+  float* l = m + n_rows * n_q;                 // (n_rows * n_q) running sum of exp
   int64_t jmin = a.lo[0], jmax = a.hi[0];
   for (int64_t r = 0; r < n_rows; ++r) {
     jmin = std::min(jmin, a.lo[r]);
@@ -233,17 +264,21 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
     // Positions of the block that some row reads; the others are zero (never read from memory).
     const int64_t j0 = std::max(b0, jmin) - b0, j1 = std::min(b0 + kBlock, jmax) - b0;
     const uint16_t* kb = a.k + b0 * a.kv_stride;
-    for (int64_t i0 = 0; i0 < hd; i0 += 32) {  // 16 BF16 pairs of each position, transposed
-      __m512i r[16];
+    for (int64_t half = 0; half < kBlock; half += 16) {  // positions half..half+15
+      for (int64_t i0 = 0; i0 < hd; i0 += 32) {          // 16 BF16 pairs of each position, transposed
+        __m512i r[16];
 #pragma GCC unroll 16
-      for (int64_t jj = 0; jj < kBlock; ++jj) {
-        r[jj] = jj >= j0 && jj < j1 ? _mm512_loadu_si512(kb + jj * a.kv_stride + i0) : _mm512_setzero_si512();
-      }
-      Transpose16x16(r);  // r[p]: pair (i0 + 2p, i0 + 2p + 1) of the 16 positions
+        for (int64_t jj = 0; jj < 16; ++jj) {
+          const int64_t j = half + jj;
+          r[jj] = j >= j0 && j < j1 ? _mm512_loadu_si512(kb + j * a.kv_stride + i0) : _mm512_setzero_si512();
+        }
+        Transpose16x16(r);  // r[p]: pair (i0 + 2p, i0 + 2p + 1) of the 16 positions
 #pragma GCC unroll 16
-      for (int64_t pr = 0; pr < 16; ++pr) {
-        _mm512_storeu_ps(kt + (i0 + 2 * pr) * kBlock, _mm512_castsi512_ps(_mm512_slli_epi32(r[pr], 16)));
-        _mm512_storeu_ps(kt + (i0 + 2 * pr + 1) * kBlock, _mm512_castsi512_ps(_mm512_and_si512(r[pr], hi_mask)));
+        for (int64_t pr = 0; pr < 16; ++pr) {
+          float* row = kt + (i0 + 2 * pr) * kBlock + half;
+          _mm512_storeu_ps(row, _mm512_castsi512_ps(_mm512_slli_epi32(r[pr], 16)));
+          _mm512_storeu_ps(row + kBlock, _mm512_castsi512_ps(_mm512_and_si512(r[pr], hi_mask)));
+        }
       }
     }
     for (int64_t jj = 0; jj < kBlock; ++jj) {
@@ -261,13 +296,14 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const int64_t lo = a.lo[r] - b0, hi = a.hi[r] - b0;  // the row's positions, relative to the block
       if (lo >= kBlock || hi <= 0) continue;
-      const uint32_t below_hi = hi >= kBlock ? 0xFFFFu : (1u << hi) - 1;
-      const uint32_t from_lo = lo <= 0 ? 0xFFFFu : 0xFFFFu & ~((1u << lo) - 1);
-      const __mmask16 valid = static_cast<__mmask16>(below_hi & from_lo);
+      const uint32_t below_hi = hi >= kBlock ? 0xFFFFFFFFu : (1u << hi) - 1;
+      const uint32_t from_lo = lo <= 0 ? 0xFFFFFFFFu : ~((1u << lo) - 1);
+      const uint32_t valid = below_hi & from_lo;
       for (int64_t h = 0; h < n_q; ++h) {
         g.q[g.n] = a.q + r * a.q_stride + h * hd;
         g.out[g.n] = a.out + r * a.out_stride + h * hd;
-        g.valid[g.n] = valid;
+        g.valid[g.n][0] = static_cast<__mmask16>(valid);
+        g.valid[g.n][1] = static_cast<__mmask16>(valid >> 16);
         g.m[g.n] = m + r * n_q + h;
         g.l[g.n] = l + r * n_q + h;
         if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, a.softcap, accumulate);
