@@ -21,7 +21,9 @@ uint64_t Xgetbv0() {
 
 struct CpuFlags {
   bool avx2 = false, fma = false, f16c = false, avx512 = false;
-  bool amx = false;  // AMX-TILE + AMX-INT8 with the tile state enabled by the OS (XCR0 bits 17, 18)
+  // AMX-TILE, AMX-INT8, AMX-BF16 and AVX512-BF16 with the tile state enabled by the OS (XCR0 bits
+  // 17, 18)
+  bool amx = false;
 };
 
 CpuFlags ReadCpuFlags() {
@@ -40,9 +42,13 @@ CpuFlags ReadCpuFlags() {
   f.avx2 = ymm_state && (b & bit_AVX2);
   f.avx512 = zmm_state && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ) &&
              (c & bit_AVX512VNNI);
-  constexpr unsigned kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;  // cpuid 7.0 EDX
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;  // cpuid 7.0 EDX
+  constexpr unsigned kAvx512Bf16 = 1u << 5;                                          // cpuid 7.1 EAX
+  const unsigned edx0 = d;
+  unsigned a1 = 0, b1, c1, d1;
+  const bool avx512bf16 = a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & kAvx512Bf16);
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;
-  f.amx = f.avx512 && tile_state && (d & kAmxTile) && (d & kAmxInt8);
+  f.amx = f.avx512 && avx512bf16 && tile_state && (edx0 & kAmxTile) && (edx0 & kAmxInt8) && (edx0 & kAmxBf16);
   return f;
 }
 
@@ -94,19 +100,20 @@ const KernelTable kAvx512 = {
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
-// formats on AMX tiles (Q5_K and the float formats stay on AVX-512). An aggregate like the others, so
-// it is constant-initialized (no static-initialization order to depend on).
+// formats on AMX tiles (Q5_K and the float formats stay on AVX-512), and attention on AMX-BF16. An aggregate like the
+// others, so it is constant-initialized (no static-initialization order to depend on).
 const KernelTable kAmx = {
     CpuVariant::kAmx,
     &x86::QuantizeActsAvx2,
     &x86::MatmulQ8Avx512,
     &x86::MatmulQ8GluAvx512,
-    &x86::AttentionGqaAvx512,
+    &x86::AttentionGqaAmx,
     &x86::GluAvx2,
     {&x86::MatmulQ4KAmx, &x86::MatmulQ6KAmx, &x86::MatmulQ50Amx, &x86::MatmulQ41Amx, &x86::MatmulQ80Amx,
      &x86::MatmulQ40Amx, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
     {&x86::MatmulQ4KGluAmx, &x86::MatmulQ6KGluAmx, &x86::MatmulQ50GluAmx, &x86::MatmulQ41GluAmx, &x86::MatmulQ80GluAmx,
-     &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512, &x86::MatmulBF16GluAvx512}};
+     &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512, &x86::MatmulBF16GluAvx512},
+    /*attention_bf16=*/true};
 
 }  // namespace
 

@@ -255,21 +255,62 @@ struct AttnCase {
                       softcap};
     k.attention(a, scratch.data());
   }
-  // Exact softmax attention in double of row r, head h, output element i.
-  double Exact(int64_t r, int64_t h, int64_t i, int64_t lo, int64_t hi) const {
+  // Whether kernel table k runs this head size on BF16 products (ops.h attention_bf16).
+  bool Bf16(const KernelTable& k) const { return k.attention_bf16 && hd % 32 == 0 && hd <= 256; }
+  struct Expected {
+    double value;  // the result in double
+    double tol;    // how far the kernel's FP32 arithmetic may be from it
+  };
+  // What kernel table k should compute for row r, head h, output element i. FP32 kernels: exact
+  // softmax attention. BF16 kernels: the same arithmetic on the query rounded to BF16 and on each
+  // probability rounded to BF16 where the kernel rounds it (exp(s - m) against the running max m
+  // after its block of kBf16Block positions aligned to multiples of it), the softmax divided by
+  // the sum of the rounded probabilities; a probability within 1e-5 (relative) of a rounding
+  // midpoint may round the other way in FP32, so a one-ulp change of it is allowed for.
+  Expected Expect(const KernelTable& k, int64_t r, int64_t h, int64_t i, int64_t lo, int64_t hi) const {
+    const bool bf16 = Bf16(k);
+    constexpr int64_t kBf16Block = 32;
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    std::vector<double> s(hi - lo);
-    double mx = -1e30, sum = 0, acc = 0;
+    std::vector<double> s(hi - lo), w(hi - lo);
+    double mx = -1e30;
     for (int64_t j = lo; j < hi; ++j) {
       double dot = 0;
-      for (int64_t x = 0; x < hd; ++x)
-        dot += q[r * q_stride() + h * hd + x] * Bf16ToF32(K[j * stride() + kHead * hd + x]);
+      for (int64_t x = 0; x < hd; ++x) {
+        float qx = q[r * q_stride() + h * hd + x];
+        if (bf16) qx = Bf16ToF32(F32ToBf16(qx));
+        dot += qx * Bf16ToF32(K[j * stride() + kHead * hd + x]);
+      }
       s[j - lo] = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
       mx = std::max(mx, s[j - lo]);
     }
-    for (auto& x : s) sum += (x = std::exp(x - mx));
-    for (int64_t j = lo; j < hi; ++j) acc += s[j - lo] / sum * Bf16ToF32(V[j * stride() + kHead * hd + i]);
-    return acc;
+    std::vector<bool> near(hi - lo, false);
+    double run = -1e30, sum = 0;
+    for (int64_t j = lo; j < hi; ++j) {
+      if (!bf16) {
+        w[j - lo] = std::exp(s[j - lo] - mx);
+      } else {
+        if (j == lo || j % kBf16Block == 0) {  // a new block: the running max after it
+          for (int64_t jj = j; jj < hi && (jj == j || jj % kBf16Block != 0); ++jj) run = std::max(run, s[jj - lo]);
+        }
+        const float p = static_cast<float>(std::exp(s[j - lo] - run));
+        uint32_t bits;
+        std::memcpy(&bits, &p, 4);
+        const uint32_t mid_bits = (bits & 0xFFFF0000u) | 0x8000u;
+        float mid;
+        std::memcpy(&mid, &mid_bits, 4);
+        near[j - lo] = std::fabs(p - mid) <= 1e-5 * p;
+        w[j - lo] = Bf16ToF32(F32ToBf16(p)) * std::exp(run - mx);
+      }
+      sum += w[j - lo];
+    }
+    double acc = 0;
+    for (int64_t j = lo; j < hi; ++j) acc += w[j - lo] / sum * Bf16ToF32(V[j * stride() + kHead * hd + i]);
+    double tol = 1e-5 + 1e-4 * std::fabs(acc);
+    for (int64_t j = lo; j < hi; ++j) {
+      if (near[j - lo])
+        tol += std::ldexp(w[j - lo] / sum, -6) * std::fabs(Bf16ToF32(V[j * stride() + kHead * hd + i]) - acc);
+    }
+    return {acc, tol};
   }
 };
 
@@ -285,8 +326,8 @@ TEST_P(VariantTest, AttentionMatchesExactSoftmax) {
         c.Run(k, 0, 1, &j0, &j1, out.data());
         for (int64_t h = 0; h < n_q; ++h) {
           for (int64_t i = 0; i < hd; ++i) {
-            const double e = c.Exact(0, h, i, j0, j1);
-            ASSERT_NEAR(out[h * hd + i], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " j " << j0 << ".." << j1;
+            const auto e = c.Expect(k, 0, h, i, j0, j1);
+            ASSERT_NEAR(out[h * hd + i], e.value, e.tol) << "hd " << hd << " j " << j0 << ".." << j1;
           }
         }
         for (int64_t i = n_q * hd; i < c.q_stride(); ++i) ASSERT_EQ(out[i], -7.0f) << "padding written";
@@ -315,8 +356,8 @@ TEST_P(VariantTest, AttentionSoftcapMatchesExact) {
       for (int64_t h = 0; h < n_q; ++h) {
         for (int64_t i = 0; i < hd; ++i) {
           const size_t at = static_cast<size_t>(r * c.q_stride() + h * hd + i);
-          const double e = c.Exact(r, h, i, lo[r], hi[r]);
-          ASSERT_NEAR(capped[at], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " row " << r;
+          const auto e = c.Expect(k, r, h, i, lo[r], hi[r]);
+          ASSERT_NEAR(capped[at], e.value, e.tol) << "hd " << hd << " row " << r;
           ASSERT_EQ(capped[at], alone[at]) << "hd " << hd << " row " << r;
           moved = std::max(moved, static_cast<double>(std::fabs(capped[at] - plain[at])));
         }
@@ -357,8 +398,8 @@ TEST_P(VariantTest, AttentionChunkRowsMatchAloneAndExact) {
             for (int64_t i = 0; i < hd; ++i) {
               const size_t at = static_cast<size_t>(r * c.q_stride() + h * hd + i);
               ASSERT_EQ(together[at], alone[at]) << "hd " << hd << " rows " << n_rows << " row " << r;
-              const double e = c.Exact(r, h, i, lo[r], hi[r]);
-              ASSERT_NEAR(together[at], e, 1e-5 + 1e-4 * std::fabs(e)) << "hd " << hd << " row " << r;
+              const auto e = c.Expect(k, r, h, i, lo[r], hi[r]);
+              ASSERT_NEAR(together[at], e.value, e.tol) << "hd " << hd << " row " << r;
             }
           }
         }

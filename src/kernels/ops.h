@@ -83,6 +83,9 @@ struct KernelTable {
   // row's result does not depend on the other rows of its chunk (bit-identical alone or together,
   // which greedy speculative decoding relies on); each K/V block is read and converted once for
   // every row and query head of the chunk. scratch: AttentionScratchFloats(n_rows, n_q, hd) floats.
+  // The amx variant's rounds each query head and each block of 32 probabilities to BF16 (round to
+  // nearest even) and accumulates their exact products in FP32 on AMX tiles, for head sizes that
+  // are a multiple of 32 up to 256 (attention_bf16); the others compute in FP32.
   void (*attention)(const AttnChunk& a, float* scratch);
   // out[i] = act(g[i]) * u[i] for i < n: the GLU of gate and up outputs computed apart (the fast
   // path's fine activations, model.h ActRole); out may alias g or u.
@@ -96,6 +99,7 @@ struct KernelTable {
                               int64_t t_end);
   void (*matmul_k_glu[kKFormats])(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,
                                   float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
+  bool attention_bf16 = false;
 };
 
 // Largest block of cache positions any attention kernel uses (the scalar one; AVX2 uses 8,
@@ -108,8 +112,10 @@ inline float* AlignAttentionScratch(float* p) {
   return p + (-reinterpret_cast<uintptr_t>(p) / sizeof(float) & 15);
 }
 inline int64_t AttentionScratchFloats(int64_t n_rows, int64_t n_q, int64_t hd) {
-  // K^T and V of one block, then per (row, head): a block of probabilities, running max and sum.
-  return 2 * kAttnBlock * hd + n_rows * n_q * (kAttnBlock + 2);
+  // K^T and V of one block, then per (row, head): a block of probabilities, running max and sum;
+  // the AMX kernel's per pair (padded to tiles of 16) BF16 query, FP32 output and positions, and
+  // its score and probability tiles.
+  return 2 * kAttnBlock * hd + (n_rows * n_q + 16) * (kAttnBlock + 2 + hd + hd / 2) + 1024;
 }
 
 const KernelTable& GetKernels(CpuVariant v);

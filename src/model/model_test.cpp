@@ -393,10 +393,13 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
 // are more bytes than Q8/g64 and read FP32 activations: far closer to the reference than it.
 void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   const std::string path = WriteTinyModel(s, seed);
-  auto native = LoadTiny(path, false, WeightMode::kNative);
-  auto q8 = LoadTiny(path, false, WeightMode::kQ8G64);
+  // The precision checks run with FP32 attention: the amx variant's BF16 attention adds its own
+  // rounding (about 0.2 % of these logits), checked against these numbers below.
+  const CpuVariant cpu = GetKernels(SelectedCpuVariant()).attention_bf16 ? CpuVariant::kAvx512 : SelectedCpuVariant();
+  auto native = LoadTiny(path, false, WeightMode::kNative, 0, cpu);
+  auto q8 = LoadTiny(path, false, WeightMode::kQ8G64, 0, cpu);
   auto ref = LoadTiny(path, true);
-  auto fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles);
+  auto fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles, cpu);
   ASSERT_TRUE(native && q8 && ref && fine);
   EXPECT_EQ(native->native_matrices(), 1 + s.n_layer * 7 + (s.arch == "qwen2" ? 0 : 1));
   EXPECT_EQ(fine->fine_acts(), kActFineRoles);
@@ -437,9 +440,50 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   }
   std::printf("[%s] relative error vs reference: native %.5f (fine activations %.6f), q8/g64 %.5f\n", s.arch.c_str(),
               rel(a), rel(f), rel(b));
+  // AMX machines: prefill rows on the AMX matmul kernels (16 rows and more) give the AVX-512
+  // kernels' numbers bit for bit (kquant_test); the model's logits differ by the BF16 attention's
+  // rounding: with fine activations within 1 % of the reference's norm (measured 0.15-0.3 %);
+  // with int8 activations that difference moves the next layers' int8 rounding, which draws its
+  // noise anew (amx and avx512 measured 1.7-2.4 % apart), so there amx must be as close to the
+  // reference as avx512 is, within 25 %.
+  std::unique_ptr<Model> amx, amx_fine;
+  std::vector<float> xa, xf;
+  if (CpuSupports(CpuVariant::kAmx)) {
+    amx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAmx);
+    amx_fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles, CpuVariant::kAmx);
+    ASSERT_TRUE(amx && amx_fine);
+    xa = run(*amx);
+    xf = run(*amx_fine);
+    auto rel_to = [&](const std::vector<float>& x, const std::vector<float>& y) {
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        err += (x[i] - y[i]) * (x[i] - y[i]);
+        norm += r[i] * r[i];
+      }
+      return std::sqrt(err / norm);
+    };
+    if (s.head_dim % 32 == 0) {
+      EXPECT_GT(rel_to(xa, a), 0.0) << s.arch << ": the amx attention rounds to BF16";
+    } else {  // other head sizes run the AVX-512 attention: the same numbers bit for bit
+      EXPECT_EQ(MaxAbsDiff(xa, a), 0.0) << s.arch;
+    }
+    EXPECT_LT(rel(xa), rel(a) * 1.25) << s.arch << " amx " << rel(xa) << ", avx512 " << rel(a);
+    EXPECT_LT(rel_to(xf, f), 0.01) << s.arch;
+    if (s.halves) {
+      EXPECT_EQ(MaxAbsDiff(xa, xf), 0.0) << s.arch;
+    } else {
+      EXPECT_LT(rel(xf), rel(a) / 5) << s.arch << " amx fine " << rel(xf) << ", int8 " << rel(a);
+    }
+    std::printf("[%s] amx (BF16 attention) vs avx512: int8 %.5f, fine %.5f; amx fine vs reference %.5f\n",
+                s.arch.c_str(), rel_to(xa, a), rel_to(xf, f), rel(xf));
+  } else {
+    std::printf("[%s] amx: not supported on this CPU, AMX checks skipped\n", s.arch.c_str());
+  }
   // A row's numbers do not depend on the rows beside it (greedy speculation relies on it), with
-  // int8 and with fine activations.
-  for (auto [m, all] : {std::pair<Model*, const std::vector<float>*>{native.get(), &a}, {fine.get(), &f}}) {
+  // int8 and with fine activations, and on the amx variant.
+  std::vector<std::pair<Model*, const std::vector<float>*>> row_checks = {{native.get(), &a}, {fine.get(), &f}};
+  if (amx) row_checks.insert(row_checks.end(), {{amx.get(), &xa}, {amx_fine.get(), &xf}});
+  for (auto [m, all] : row_checks) {
     KvCache kv = m->NewKvCache(n);
     std::vector<float> one(V);
     for (int64_t t = 0; t < n; ++t) {
@@ -447,18 +491,6 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
       std::vector<float> row(all->begin() + t * V, all->begin() + (t + 1) * V);
       EXPECT_EQ(MaxAbsDiff(row, one), 0.0f) << s.arch << " position " << t;  // bit-identical
     }
-  }
-  // AMX machines: prefill rows on the AMX kernels (16 rows and more) give the AVX-512 kernels'
-  // numbers bit for bit.
-  if (CpuSupports(CpuVariant::kAmx)) {
-    auto avx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAvx512);
-    auto amx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAmx);
-    ASSERT_TRUE(avx && amx);
-    std::vector<TokenId> many(37);
-    for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<TokenId>((7 * i + 3) % V);
-    EXPECT_EQ(MaxAbsDiff(AllLogits(*avx, many, V), AllLogits(*amx, many, V)), 0.0) << s.arch;
-  } else {
-    std::printf("[%s] amx: not supported on this CPU, AMX-vs-AVX-512 check skipped\n", s.arch.c_str());
   }
   std::filesystem::remove(path);
 }

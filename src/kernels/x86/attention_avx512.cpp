@@ -21,65 +21,11 @@
 #include <cmath>
 
 #include "kernels/x86/kernels_x86.h"
-#include "kernels/x86/vec_math.h"
+#include "kernels/x86/vec_math512.h"
 
 namespace {
 
 constexpr int64_t kBlock = 32;  // cache positions per block, one per lane of two registers
-
-// exp of 16 lanes: vec_math.h's Exp8 in 512-bit registers, the same operations in the same order,
-// so the same results bit for bit at half the instructions.
-inline __m512 Exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-// SoftCap8 (vec_math.h) on 16 lanes.
-inline __m512 SoftCap16(__m512 x, float cap) {
-  const __m256 lo = SoftCap8(_mm512_castps512_ps256(x), cap);
-  const __m256 hi = SoftCap8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)), cap);
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-
-// In-place transpose of a 16 x 16 matrix of 32-bit words (r[j] lane i -> r[i] lane j): 32-bit
-// and 64-bit interleaves inside 128-bit lanes, then a 4 x 4 transpose of the 128-bit lanes.
-[[gnu::always_inline]] inline void Transpose16x16(__m512i r[16]) {
-  __m512i t[16], u[16];
-#pragma GCC unroll 8
-  for (int j = 0; j < 16; j += 2) {
-    t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);  // lane L: r[j][4L], r[j+1][4L], r[j][4L+1], r[j+1][4L+1]
-    t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: u[4g + e] lane L = column 4L + e of those rows
-    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-#pragma GCC unroll 4
-  for (int e = 0; e < 4; ++e) {  // column 4L + e = lane L of u[e], u[4 + e], u[8 + e], u[12 + e]
-    const __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
-    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
-    r[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-    r[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
-    r[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-    r[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
-  }
-}
 
 // Scores of P (row, head) pairs against the block's K^T (hd x 32): s[2p + h] holds positions
 // 16h..16h+15 of pair p. Two FMA chains per pair and half (even and odd i) for every P, so a
