@@ -34,8 +34,8 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;     // cache positions per block
-constexpr int64_t kPairs = 16;     // (row, head) pairs per tile
+constexpr int64_t kBlock = 32;       // cache positions per block
+constexpr int64_t kPairs = 16;       // (row, head) pairs per tile
 constexpr int64_t kTileWords = 256;  // one tile: 16 rows x 64 bytes
 
 // Palette 1, every tile 16 rows x 64 bytes: tmm0/1 scores of positions 0-15 / 16-31 (FP32),
@@ -100,12 +100,16 @@ struct PairState {
   const int64_t* hi;
 };
 
-// One pair tile (pairs p0..p0+np-1, np <= 16) against the block at b0.
-MR_AMX_BF16_TARGET void TileBlock(const mr::AttnChunk& a, int64_t b0, int64_t p0, int64_t np, const uint16_t* qb,
-                                  float* ob, const uint32_t* kb, const uint32_t* vb, const PairState& st, float* sbuf,
-                                  uint16_t* pbuf) {
-  const int64_t hd = a.hd;
-  // Scores: tmm0 (positions 0-15), tmm1 (16-31), 16 pairs each.
+// GCC's tileloadd asm does not say it reads memory: the vector stores of the buffers it loads
+// (query, probabilities, outputs) must not move past it.
+inline void MemoryBarrier() {
+  __asm__ volatile("" ::: "memory");
+}
+
+// Issues the scores of the pair tile at p0 against the block into tmm0 (positions 0-15) and
+// tmm1 (16-31); StoreScores writes them out. Apart, so that the tile unit computes a tile's
+// scores while the vector units run the previous tile's softmax.
+MR_AMX_BF16_TARGET void IssueScores(int64_t hd, int64_t p0, const uint16_t* qb, const uint32_t* kb) {
   _tile_zero(0);
   _tile_zero(1);
   for (int64_t c = 0; c < hd / 32; ++c) {
@@ -115,9 +119,18 @@ MR_AMX_BF16_TARGET void TileBlock(const mr::AttnChunk& a, int64_t b0, int64_t p0
     _tile_loadd(3, kb + (2 * c + 1) * kTileWords, 64);
     _tile_dpbf16ps(1, 2, 3);
   }
+}
+
+MR_AMX_BF16_TARGET void StoreScores(float* sbuf) {
   _tile_stored(0, sbuf, 128);
   _tile_stored(1, sbuf + 16, 128);
-  // Online softmax per pair: probabilities to pbuf (BF16), rescaled outputs where the max moved.
+}
+
+// Online softmax of the pairs p0..p0+np-1 (np <= 16) on their stored scores: probabilities to
+// pbuf (BF16, 16 rows of 32), outputs rescaled where the max moved.
+MR_AMX_BF16_TARGET void Softmax(const mr::AttnChunk& a, int64_t b0, int64_t p0, int64_t np, float* ob,
+                                const PairState& st, const float* sbuf, uint16_t* pbuf) {
+  const int64_t hd = a.hd;
   const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t i = 0; i < np; ++i) {
     const int64_t p = p0 + i;
@@ -141,7 +154,7 @@ MR_AMX_BF16_TARGET void TileBlock(const mr::AttnChunk& a, int64_t b0, int64_t p0
     s0 = _mm512_mask_blend_ps(v0, ninf, s0);
     s1 = _mm512_mask_blend_ps(v1, ninf, s1);
     const float m_old = st.m[p];
-    const float bm = std::fmax(m_old, _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+    const float bm = std::max(m_old, _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
     const float corr = bm == m_old ? 1.0f : std::exp(m_old - bm);  // exp(-inf) = 0 on the first block
     st.m[p] = bm;
     const __m512 bmv = _mm512_set1_ps(bm);
@@ -162,7 +175,11 @@ MR_AMX_BF16_TARGET void TileBlock(const mr::AttnChunk& a, int64_t b0, int64_t p0
     }
   }
   for (int64_t i = np; i < kPairs; ++i) _mm512_store_si512(pbuf + 32 * i, _mm512_setzero_si512());
-  // Outputs += probabilities x V, 16 dims a tile, two tiles in flight.
+}
+
+// The pair tile's output rows += probabilities x V, 16 dims a tile, two tiles in flight.
+MR_AMX_BF16_TARGET void AccumulateV(int64_t hd, int64_t p0, float* ob, const uint32_t* vb, const uint16_t* pbuf) {
+  MemoryBarrier();
   _tile_loadd(4, pbuf, 64);
   float* o = ob + p0 * hd;
   for (int64_t e = 0; e < hd / 16; e += 2) {
@@ -177,7 +194,9 @@ MR_AMX_BF16_TARGET void TileBlock(const mr::AttnChunk& a, int64_t b0, int64_t p0
   }
 }
 
-inline float* Align64(float* p) { return mr::AlignAttentionScratch(p); }
+inline float* Align64(float* p) {
+  return mr::AlignAttentionScratch(p);
+}
 
 MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
   const int64_t hd = a.hd, n_q = a.n_q, n_rows = a.n_rows, np = n_rows * n_q;
@@ -226,11 +245,28 @@ MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
   for (int64_t b0 = jmin / kBlock * kBlock; b0 < jmax; b0 += kBlock) {
     const int64_t j0 = std::max(b0, jmin) - b0, j1 = std::min(b0 + kBlock, jmax) - b0;
     LoadBlock(a, b0, j0, j1, kb, vb);
-    for (int64_t p0 = 0; p0 < np; p0 += kPairs) {
-      const int64_t n = std::min(kPairs, np - p0);
-      bool any = false;  // a tile none of whose pairs reads the block would add exact zeros
-      for (int64_t i = 0; i < n && !any; ++i) any = plo[p0 + i] < b0 + kBlock && phi[p0 + i] > b0;
-      if (any) TileBlock(a, b0, p0, n, qb, ob, kb, vb, st, sbuf, pbuf);
+    MemoryBarrier();
+    // The pair tiles that read the block (the others would add exact zeros), pipelined: the
+    // next tile's scores are issued before this tile's softmax.
+    auto next_tile = [&](int64_t from) {  // the first pair tile at or after from that reads the block
+      for (int64_t p0 = from; p0 < np; p0 += kPairs) {
+        for (int64_t i = p0; i < std::min(np, p0 + kPairs); ++i) {
+          if (plo[i] < b0 + kBlock && phi[i] > b0) return p0;
+        }
+      }
+      return np;
+    };
+    int64_t cur = next_tile(0);
+    if (cur == np) continue;
+    IssueScores(hd, cur, qb, kb);
+    StoreScores(sbuf);
+    while (cur < np) {
+      const int64_t nxt = next_tile(cur + kPairs);
+      if (nxt < np) IssueScores(hd, nxt, qb, kb);
+      Softmax(a, b0, cur, std::min(kPairs, np - cur), ob, st, sbuf, pbuf);
+      AccumulateV(hd, cur, ob, vb, pbuf);
+      if (nxt < np) StoreScores(sbuf);
+      cur = nxt;
     }
   }
   _tile_release();

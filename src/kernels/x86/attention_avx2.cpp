@@ -119,8 +119,10 @@ void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float 
     __m256 x = _mm256_mul_ps(s[p], _mm256_set1_ps(scale));
     if (softcap > 0) x = SoftCap8(x, softcap);
     const __m256 sv = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, g.valid[p]);
-    const float bm = std::fmax(*g.m[p], HMax8(sv));
-    corr[p] = std::exp(*g.m[p] - bm);  // exp(-inf) = 0 on the row's first block
+    const float bm = std::max(*g.m[p], HMax8(sv));
+    // exp(-inf) = 0 on the row's first block; exp(0) = 1 exactly, without the call, while the max
+    // holds (most blocks).
+    corr[p] = bm == *g.m[p] ? 1.0f : std::exp(*g.m[p] - bm);
     *g.m[p] = bm;
     const __m256 pv = _mm256_and_ps(g.valid[p], Exp8(_mm256_sub_ps(sv, _mm256_set1_ps(bm))));
     _mm256_storeu_ps(prob[p], pv);

@@ -139,7 +139,7 @@ void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float 
       if (softcap > 0) x = SoftCap16(x, softcap);
       sv[h] = _mm512_mask_blend_ps(g.valid[p][h], _mm512_set1_ps(-INFINITY), x);
     }
-    const float bm = std::fmax(*g.m[p], _mm512_reduce_max_ps(_mm512_max_ps(sv[0], sv[1])));
+    const float bm = std::max(*g.m[p], _mm512_reduce_max_ps(_mm512_max_ps(sv[0], sv[1])));
     // exp(-inf) = 0 on the row's first block; exp(0) = 1 exactly, without the call, while the max
     // holds (most blocks).
     corr[p] = bm == *g.m[p] ? 1.0f : std::exp(*g.m[p] - bm);
