@@ -83,7 +83,7 @@ struct KernelTable {
   // row's result does not depend on the other rows of its chunk (bit-identical alone or together,
   // which greedy speculative decoding relies on); each K/V block is read and converted once for
   // every row and query head of the chunk. scratch: AttentionScratchFloats(n_rows, n_q, hd) floats.
-  // The amx variant's rounds each query head and each block of 32 probabilities to BF16 (round to
+  // The amx variant's kernel rounds each query head and each block of 32 probabilities to BF16 (round to
   // nearest even) and accumulates their exact products in FP32 on AMX tiles, for head sizes that
   // are a multiple of 32 up to 256 (attention_bf16); the others compute in FP32.
   void (*attention)(const AttnChunk& a, float* scratch);

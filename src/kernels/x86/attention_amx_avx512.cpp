@@ -34,7 +34,8 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;       // cache positions per block
+constexpr int64_t kBlock = 32;  // cache positions per block
+static_assert(kBlock == 32, "BlockMask32");
 constexpr int64_t kPairs = 16;       // (row, head) pairs per tile
 constexpr int64_t kTileWords = 256;  // one tile: 16 rows x 64 bytes
 
@@ -60,12 +61,7 @@ MR_AMX_BF16_TARGET void LoadBlock(const mr::AttnChunk& a, int64_t b0, int64_t j0
   for (int64_t h = 0; h < 2; ++h) {
     for (int64_t i0 = 0; i0 < hd; i0 += 32) {
       __m512i r[16];
-#pragma GCC unroll 16
-      for (int64_t jj = 0; jj < 16; ++jj) {
-        const int64_t j = 16 * h + jj;
-        r[jj] = j >= j0 && j < j1 ? _mm512_loadu_si512(kp + j * a.kv_stride + i0) : _mm512_setzero_si512();
-      }
-      Transpose16x16(r);
+      LoadKPairs16(kp + 16 * h * a.kv_stride, a.kv_stride, i0, j0 - 16 * h, j1 - 16 * h, r);
       uint32_t* tile = kb + (2 * (i0 / 32) + h) * kTileWords;
 #pragma GCC unroll 16
       for (int64_t i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
@@ -140,9 +136,7 @@ MR_AMX_BF16_TARGET void Softmax(const mr::AttnChunk& a, int64_t b0, int64_t p0, 
       _mm512_store_si512(prow, _mm512_setzero_si512());
       continue;
     }
-    const uint32_t below_hi = hi >= kBlock ? 0xFFFFFFFFu : (1u << hi) - 1;
-    const uint32_t from_lo = lo <= 0 ? 0xFFFFFFFFu : ~((1u << lo) - 1);
-    const uint32_t valid = below_hi & from_lo;
+    const uint32_t valid = BlockMask32(lo, hi);
     const __mmask16 v0 = static_cast<__mmask16>(valid), v1 = static_cast<__mmask16>(valid >> 16);
     __m512 s0 = _mm512_mul_ps(_mm512_load_ps(sbuf + 32 * i), scale);
     __m512 s1 = _mm512_mul_ps(_mm512_load_ps(sbuf + 32 * i + 16), scale);
@@ -194,21 +188,17 @@ MR_AMX_BF16_TARGET void AccumulateV(int64_t hd, int64_t p0, float* ob, const uin
   }
 }
 
-inline float* Align64(float* p) {
-  return mr::AlignAttentionScratch(p);
-}
-
 MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
   const int64_t hd = a.hd, n_q = a.n_q, n_rows = a.n_rows, np = n_rows * n_q;
   const int64_t padded = (np + kPairs - 1) / kPairs * kPairs;
   // Scratch: K and V tiles of the block, scores and probabilities of a pair tile, then per pair
   // (padded to whole tiles) the BF16 query, FP32 output, running max and sum, positions.
-  auto* kb = reinterpret_cast<uint32_t*>(Align64(scratch));
+  auto* kb = reinterpret_cast<uint32_t*>(mr::AlignAttentionScratch(scratch));
   uint32_t* vb = kb + hd / 32 * 2 * kTileWords;
   float* sbuf = reinterpret_cast<float*>(vb + hd / 16 * kTileWords);
   auto* pbuf = reinterpret_cast<uint16_t*>(sbuf + kPairs * kBlock);
-  auto* qb = reinterpret_cast<uint16_t*>(Align64(reinterpret_cast<float*>(pbuf + kPairs * kBlock)));
-  float* ob = Align64(reinterpret_cast<float*>(qb + padded * hd));
+  auto* qb = reinterpret_cast<uint16_t*>(mr::AlignAttentionScratch(reinterpret_cast<float*>(pbuf + kPairs * kBlock)));
+  float* ob = mr::AlignAttentionScratch(reinterpret_cast<float*>(qb + padded * hd));
   float* m = ob + padded * hd;
   float* l = m + padded;
   auto* plo = reinterpret_cast<int64_t*>(l + padded);
@@ -227,11 +217,11 @@ MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
     const int64_t r = p / n_q, h = p % n_q;
     plo[p] = real ? a.lo[r] : 0;
     phi[p] = real ? a.hi[r] : 0;
-    const float* q = a.q + r * a.q_stride + h * hd;
     for (int64_t d = 0; d < hd; d += 32) {
       __m512i w = _mm512_setzero_si512();
       if (real) {
-        const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + d + 16), _mm512_loadu_ps(q + d));
+        const float* q = a.q + r * a.q_stride + h * hd + d;
+        const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q));
         std::memcpy(&w, &b, sizeof(w));
       }
       _mm512_storeu_si512(qr + d, w);

@@ -4,17 +4,18 @@
 //
 // Per block, K is read and transposed once for every query row and head of the chunk (16 x 16
 // transposes of 32-bit words, each word a BF16 pair (i, i+1); shift and mask make them two FP32
-// rows of K^T), and V converted once. 32 positions a block: each broadcast query element serves
-// two K^T loads' FMAs (16 positions left the score loop bound by loads, one per FMA), and the
-// softmax's reductions and the output rescaling come once per 32 positions. The (row, head) pairs of the chunk then
-// take the block in groups of up to four: the scores are hd FMAs per pair with the query element broadcast from memory
-// and no horizontal sums (each K^T load serves the whole group), the online softmax runs on the 16 lanes, and the
-// probabilities are applied to V with the pairs' outputs in registers. A prefill chunk of R rows thus reads and
-// converts each K/V block once instead of R times. Every pair's arithmetic is the same whatever group it falls in
-// (fixed FMA chains), so a row's result does not depend on the rows that share its call. Same online-softmax algorithm
-// as ref::AttentionGqa, so results agree to rounding. GCC 12's 512-bit conversion intrinsics start from a
-// self-initialized "undefined" register (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false
-// positive.
+// rows of K^T), and V converted once. The (row, head) pairs of the chunk then take the block in
+// groups of up to four: the scores are hd FMAs per pair and 16 positions, with the query element
+// broadcast from memory and no horizontal sums (each K^T load serves the whole group, each
+// broadcast two K^T rows: with 16 positions a block the score loop was bound by loads), the
+// online softmax runs on the 32 lanes (its reductions and the output rescaling once per 32
+// positions), and the probabilities are applied to V with the pairs' outputs in registers. A
+// prefill chunk of R rows thus reads and converts each K/V block once instead of R times. Every
+// pair's arithmetic is the same whatever group it falls in (fixed FMA chains), so a row's result
+// does not depend on the rows that share its call. Same online-softmax algorithm as
+// ref::AttentionGqa, so results agree to rounding.
+// GCC 12's 512-bit conversion intrinsics start from a self-initialized "undefined" register
+// (avx512fintrin.h), which -Wmaybe-uninitialized reports once inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 namespace {
 
 constexpr int64_t kBlock = 32;  // cache positions per block, one per lane of two registers
+static_assert(kBlock == 32, "BlockMask32");
 
 // Scores of P (row, head) pairs against the block's K^T (hd x 32): s[2p + h] holds positions
 // 16h..16h+15 of pair p. Two FMA chains per pair and half (even and odd i) for every P, so a
@@ -212,13 +214,8 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
     const uint16_t* kb = a.k + b0 * a.kv_stride;
     for (int64_t half = 0; half < kBlock; half += 16) {  // positions half..half+15
       for (int64_t i0 = 0; i0 < hd; i0 += 32) {          // 16 BF16 pairs of each position, transposed
-        __m512i r[16];
-#pragma GCC unroll 16
-        for (int64_t jj = 0; jj < 16; ++jj) {
-          const int64_t j = half + jj;
-          r[jj] = j >= j0 && j < j1 ? _mm512_loadu_si512(kb + j * a.kv_stride + i0) : _mm512_setzero_si512();
-        }
-        Transpose16x16(r);  // r[p]: pair (i0 + 2p, i0 + 2p + 1) of the 16 positions
+        __m512i r[16];                                   // r[p]: pair (i0 + 2p, i0 + 2p + 1) of the 16 positions
+        LoadKPairs16(kb + half * a.kv_stride, a.kv_stride, i0, j0 - half, j1 - half, r);
 #pragma GCC unroll 16
         for (int64_t pr = 0; pr < 16; ++pr) {
           float* row = kt + (i0 + 2 * pr) * kBlock + half;
@@ -242,9 +239,7 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
     for (int64_t r = 0; r < n_rows; ++r) {
       const int64_t lo = a.lo[r] - b0, hi = a.hi[r] - b0;  // the row's positions, relative to the block
       if (lo >= kBlock || hi <= 0) continue;
-      const uint32_t below_hi = hi >= kBlock ? 0xFFFFFFFFu : (1u << hi) - 1;
-      const uint32_t from_lo = lo <= 0 ? 0xFFFFFFFFu : ~((1u << lo) - 1);
-      const uint32_t valid = below_hi & from_lo;
+      const uint32_t valid = BlockMask32(lo, hi);
       for (int64_t h = 0; h < n_q; ++h) {
         g.q[g.n] = a.q + r * a.q_stride + h * hd;
         g.out[g.n] = a.out + r * a.out_stride + h * hd;

@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "kernels/x86/vec_math.h"
 
 namespace {
@@ -60,6 +62,25 @@ inline __m512 SoftCap16(__m512 x, float cap) {
     r[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
     r[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
   }
+}
+
+// The 16 K pair words (dims i0 + 2p, i0 + 2p + 1, p < 16) of the 16 positions k + j * stride,
+// j < 16, transposed: r[p] lane j = position j's pair p. Positions outside [j0, j1) are zero and
+// never read from memory (the attention kernels' block edges).
+[[gnu::always_inline]] inline void LoadKPairs16(const uint16_t* k, int64_t stride, int64_t i0, int64_t j0, int64_t j1,
+                                                __m512i r[16]) {
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < 16; ++j)
+    r[j] = j >= j0 && j < j1 ? _mm512_loadu_si512(k + j * stride + i0) : _mm512_setzero_si512();
+  Transpose16x16(r);
+}
+
+// Bit j set for the positions j < 32 of a block that a row reads, given the row's [lo, hi)
+// relative to the block's start (lo < 32, hi > 0).
+inline uint32_t BlockMask32(int64_t lo, int64_t hi) {
+  const uint32_t below_hi = hi >= 32 ? 0xFFFFFFFFu : (1u << hi) - 1;
+  const uint32_t from_lo = lo <= 0 ? 0xFFFFFFFFu : ~((1u << lo) - 1);
+  return below_hi & from_lo;
 }
 
 }  // namespace
