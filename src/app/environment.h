@@ -3,7 +3,7 @@
 //
 //   MERERUN_LOG            error | warn | info | debug            log level (default warn)
 //   MERERUN_THREADS        N >= 1                                  compute threads (default: physical cores)
-//   MERERUN_CPU            scalar | avx2 | avx512                  kernel variant (default: the best supported)
+//   MERERUN_CPU            scalar | avx2 | avx512 | avx512bf16 | amx   kernel variant (default: the best supported)
 //   MERERUN_WEIGHTS        native | q8g64                          weight layout (default native)
 //   MERERUN_ACTS           int8 | fine | ROLE+ROLE+...             matrices whose input is read as two int8
 //                          (roles: qkv, o, glu, down, logits)      rows, ~15 bits (model.h ActRole; default down)

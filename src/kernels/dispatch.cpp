@@ -21,6 +21,7 @@ uint64_t Xgetbv0() {
 
 struct CpuFlags {
   bool avx2 = false, fma = false, f16c = false, avx512 = false;
+  bool avx512bf16 = false;  // AVX-512 (as above) and AVX512-BF16
   // AMX-TILE, AMX-INT8, AMX-BF16 and AVX512-BF16 with the tile state enabled by the OS (XCR0 bits
   // 17, 18)
   bool amx = false;
@@ -46,9 +47,9 @@ CpuFlags ReadCpuFlags() {
   constexpr unsigned kAvx512Bf16 = 1u << 5;                                          // cpuid 7.1 EAX
   const unsigned edx0 = d;
   unsigned a1 = 0, b1, c1, d1;
-  const bool avx512bf16 = a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & kAvx512Bf16);
+  f.avx512bf16 = f.avx512 && a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & kAvx512Bf16);
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;
-  f.amx = f.avx512 && avx512bf16 && tile_state && (edx0 & kAmxTile) && (edx0 & kAmxInt8) && (edx0 & kAmxBf16);
+  f.amx = f.avx512bf16 && tile_state && (edx0 & kAmxTile) && (edx0 & kAmxInt8) && (edx0 & kAmxBf16);
   return f;
 }
 
@@ -99,6 +100,20 @@ const KernelTable kAvx512 = {
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
+// AVX-512 machines with AVX512-BF16: the AVX-512 table with attention on BF16 dot products.
+const KernelTable kAvx512Bf16 = {
+    CpuVariant::kAvx512Bf16,
+    &x86::QuantizeActsAvx2,
+    &x86::MatmulQ8Avx512,
+    &x86::MatmulQ8GluAvx512,
+    &x86::AttentionGqaAvx512Bf16,
+    &x86::GluAvx2,
+    {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Avx512, &x86::MatmulQ41Avx512, &x86::MatmulQ80Avx512,
+     &x86::MatmulQ40Avx512, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
+    {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
+     &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
+     &x86::MatmulBF16GluAvx512},
+    /*attention_bf16=*/true};
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
 // formats on AMX tiles (Q5_K and the float formats stay on AVX-512), and attention on AMX-BF16. An aggregate like the
 // others, so it is constant-initialized (no static-initialization order to depend on).
@@ -125,6 +140,8 @@ const char* CpuVariantName(CpuVariant v) {
       return "avx2";
     case CpuVariant::kAvx512:
       return "avx512";
+    case CpuVariant::kAvx512Bf16:
+      return "avx512bf16";
     case CpuVariant::kAmx:
       return "amx";
   }
@@ -140,6 +157,8 @@ bool CpuSupports(CpuVariant v) {
       return f.avx2 && f.fma && f.f16c;
     case CpuVariant::kAvx512:
       return f.avx512 && f.fma && f.f16c;
+    case CpuVariant::kAvx512Bf16:
+      return f.avx512 && f.avx512bf16 && f.fma && f.f16c;
     case CpuVariant::kAmx:
       return f.amx && f.fma && f.f16c && x86::AmxPermitted();
   }
@@ -152,6 +171,10 @@ const int64_t kernel_prefetch_bytes = IsIntel() ? 1024 : 0;
 
 CpuVariant DetectCpuVariant() {
   if (CpuSupports(CpuVariant::kAmx)) return CpuVariant::kAmx;
+  // vdpbf16ps zmm: about the FMA's instruction rate on Zen 4 (twice its multiply-adds), a quarter
+  // of it on the Xeon of docs/performance.md stop 25; Intel CPUs with AVX512-BF16 but no AMX
+  // (Cooper Lake) keep the FP32 attention.
+  if (CpuSupports(CpuVariant::kAvx512Bf16) && !IsIntel()) return CpuVariant::kAvx512Bf16;
   if (CpuSupports(CpuVariant::kAvx512)) return CpuVariant::kAvx512;
   if (CpuSupports(CpuVariant::kAvx2)) return CpuVariant::kAvx2;
   return CpuVariant::kScalar;
@@ -197,6 +220,8 @@ const KernelTable& GetKernels(CpuVariant v) {
   switch (v) {
     case CpuVariant::kAmx:
       return kAmx;
+    case CpuVariant::kAvx512Bf16:
+      return kAvx512Bf16;
     case CpuVariant::kAvx512:
       return kAvx512;
     case CpuVariant::kAvx2:

@@ -12,22 +12,24 @@
 
 namespace mr {
 
-// kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) matmuls of Q4_K, Q6_K and the 32-input
-// integer formats (Intel Sapphire Rapids and later; Linux grants the tile state per process).
-enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
+// kAvx512Bf16: kAvx512 with attention on AVX512-BF16 dot products (the default on AMD: Zen 4 and
+// later). kAmx: kAvx512 with AMX-INT8 tiles for the many-row (prefill) matmuls of Q4_K, Q6_K and
+// the 32-input integer formats, and attention on AMX-BF16 tiles (Intel Sapphire Rapids and later;
+// Linux grants the tile state per process).
+enum class CpuVariant { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3, kAvx512Bf16 = 4 };
 constexpr CpuVariant kAllCpuVariants[] = {CpuVariant::kScalar, CpuVariant::kAvx2, CpuVariant::kAvx512,
-                                          CpuVariant::kAmx};
+                                          CpuVariant::kAvx512Bf16, CpuVariant::kAmx};
 enum class GluAct { kSilu = 0, kGeluTanh = 1 };
 
 const char* CpuVariantName(CpuVariant v);
 // Best variant this CPU supports (cpuid + xgetbv: the OS must save the vector state).
 CpuVariant DetectCpuVariant();
 // DetectCpuVariant() unless RequestCpuVariant asked for another (app/ maps MERERUN_CPU =
-// scalar|avx2|avx512|amx onto it); a request the CPU cannot run falls back to the best supported
+// scalar|avx2|avx512|avx512bf16|amx onto it); a request the CPU cannot run falls back to the best supported
 // variant with a warning.
 CpuVariant SelectedCpuVariant();
 void RequestCpuVariant(std::optional<CpuVariant> v);
-// "scalar", "avx2", "avx512" or "amx" (CpuVariantName's names); false for anything else.
+// "scalar", "avx2", "avx512", "avx512bf16" or "amx" (CpuVariantName's names); false for anything else.
 bool ParseCpuVariant(const std::string& name, CpuVariant* v);
 // Every variant's name, ", " between them (for error messages).
 std::string CpuVariantNames();
@@ -83,9 +85,10 @@ struct KernelTable {
   // row's result does not depend on the other rows of its chunk (bit-identical alone or together,
   // which greedy speculative decoding relies on); each K/V block is read and converted once for
   // every row and query head of the chunk. scratch: AttentionScratchFloats(n_rows, n_q, hd) floats.
-  // The amx variant's kernel rounds each query head and each block of 32 probabilities to BF16 (round to
-  // nearest even) and accumulates their exact products in FP32 on AMX tiles, for head sizes that
-  // are a multiple of 32 up to 256 (attention_bf16); the others compute in FP32.
+  // The amx and avx512bf16 variants' kernels round each query head and each block of 32
+  // probabilities to BF16 (round to nearest even) and accumulate their exact products in FP32 (on
+  // AMX tiles / with vdpbf16ps), for head sizes that are a multiple of 32 up to 256
+  // (attention_bf16); the others compute in FP32.
   void (*attention)(const AttnChunk& a, float* scratch);
   // out[i] = act(g[i]) * u[i] for i < n: the GLU of gate and up outputs computed apart (the fast
   // path's fine activations, model.h ActRole); out may alias g or u.

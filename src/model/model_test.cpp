@@ -393,8 +393,8 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
 // are more bytes than Q8/g64 and read FP32 activations: far closer to the reference than it.
 void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   const std::string path = WriteTinyModel(s, seed);
-  // The precision checks run with FP32 attention: the amx variant's BF16 attention adds its own
-  // rounding (about 0.2 % of these logits), checked against these numbers below.
+  // The precision checks run with FP32 attention: the amx and avx512bf16 variants' BF16 attention
+  // adds its own rounding (about 0.2 % of these logits), checked against these numbers below.
   const CpuVariant cpu = GetKernels(SelectedCpuVariant()).attention_bf16 ? CpuVariant::kAvx512 : SelectedCpuVariant();
   auto native = LoadTiny(path, false, WeightMode::kNative, 0, cpu);
   auto q8 = LoadTiny(path, false, WeightMode::kQ8G64, 0, cpu);
@@ -440,20 +440,28 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
   }
   std::printf("[%s] relative error vs reference: native %.5f (fine activations %.6f), q8/g64 %.5f\n", s.arch.c_str(),
               rel(a), rel(f), rel(b));
-  // AMX machines: prefill rows on the AMX matmul kernels (16 rows and more) give the AVX-512
-  // kernels' numbers bit for bit (kquant_test); the model's logits differ by the BF16 attention's
-  // rounding: with fine activations within 1 % of the reference's norm (measured 0.15-0.3 %);
-  // with int8 activations that difference moves the next layers' int8 rounding, which draws its
-  // noise anew (amx and avx512 measured 1.7-2.4 % apart), so there amx must be as close to the
+  // The BF16 attention variants (amx, avx512bf16): amx's prefill rows on the AMX matmul kernels
+  // (16 rows and more) give the AVX-512 kernels' numbers bit for bit (kquant_test), and
+  // avx512bf16's matmuls are avx512's; the model's logits differ by the BF16 attention's rounding:
+  // with fine activations within 1 % of the reference's norm (measured 0.15-0.3 %); with int8
+  // activations that difference moves the next layers' int8 rounding, which draws its noise anew
+  // (amx and avx512 measured 1.7-2.4 % apart), so there the variant must be as close to the
   // reference as avx512 is, within 25 %.
-  std::unique_ptr<Model> amx, amx_fine;
-  std::vector<float> xa, xf;
-  if (CpuSupports(CpuVariant::kAmx)) {
-    amx = LoadTiny(path, false, WeightMode::kNative, 0, CpuVariant::kAmx);
-    amx_fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles, CpuVariant::kAmx);
-    ASSERT_TRUE(amx && amx_fine);
-    xa = run(*amx);
-    xf = run(*amx_fine);
+  std::vector<std::unique_ptr<Model>> bf16_models;  // kept for the row checks below
+  std::vector<std::vector<float>> bf16_logits;
+  bf16_logits.reserve(2 * std::size(kAllCpuVariants));  // stable addresses for row_checks
+  for (CpuVariant v : kAllCpuVariants) {
+    if (!GetKernels(v).attention_bf16) continue;
+    const char* name = CpuVariantName(v);
+    if (!CpuSupports(v)) {
+      std::printf("[%s] %s: not supported on this CPU, its BF16 attention checks skipped\n", s.arch.c_str(), name);
+      continue;
+    }
+    auto bm = LoadTiny(path, false, WeightMode::kNative, 0, v);
+    auto bm_fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles, v);
+    ASSERT_TRUE(bm && bm_fine);
+    const std::vector<float>& xa = bf16_logits.emplace_back(run(*bm));
+    const std::vector<float>& xf = bf16_logits.emplace_back(run(*bm_fine));
     auto rel_to = [&](const std::vector<float>& x, const std::vector<float>& y) {
       double err = 0, norm = 0;
       for (size_t i = 0; i < x.size(); ++i) {
@@ -463,26 +471,26 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
       return std::sqrt(err / norm);
     };
     if (s.head_dim % 32 == 0) {
-      EXPECT_GT(rel_to(xa, a), 0.0) << s.arch << ": the amx attention rounds to BF16";
+      EXPECT_GT(rel_to(xa, a), 0.0) << s.arch << ": the " << name << " attention rounds to BF16";
     } else {  // other head sizes run the AVX-512 attention: the same numbers bit for bit
-      EXPECT_EQ(MaxAbsDiff(xa, a), 0.0) << s.arch;
+      EXPECT_EQ(MaxAbsDiff(xa, a), 0.0) << s.arch << " " << name;
     }
-    EXPECT_LT(rel(xa), rel(a) * 1.25) << s.arch << " amx " << rel(xa) << ", avx512 " << rel(a);
-    EXPECT_LT(rel_to(xf, f), 0.01) << s.arch;
+    EXPECT_LT(rel(xa), rel(a) * 1.25) << s.arch << " " << name << " " << rel(xa) << ", avx512 " << rel(a);
+    EXPECT_LT(rel_to(xf, f), 0.01) << s.arch << " " << name;
     if (s.halves) {
-      EXPECT_EQ(MaxAbsDiff(xa, xf), 0.0) << s.arch;
+      EXPECT_EQ(MaxAbsDiff(xa, xf), 0.0) << s.arch << " " << name;
     } else {
-      EXPECT_LT(rel(xf), rel(a) / 5) << s.arch << " amx fine " << rel(xf) << ", int8 " << rel(a);
+      EXPECT_LT(rel(xf), rel(a) / 5) << s.arch << " " << name << " fine " << rel(xf) << ", int8 " << rel(a);
     }
-    std::printf("[%s] amx (BF16 attention) vs avx512: int8 %.5f, fine %.5f; amx fine vs reference %.5f\n",
-                s.arch.c_str(), rel_to(xa, a), rel_to(xf, f), rel(xf));
-  } else {
-    std::printf("[%s] amx: not supported on this CPU, AMX checks skipped\n", s.arch.c_str());
+    std::printf("[%s] %s (BF16 attention) vs avx512: int8 %.5f, fine %.5f; %s fine vs reference %.5f\n", s.arch.c_str(),
+                name, rel_to(xa, a), rel_to(xf, f), name, rel(xf));
+    bf16_models.push_back(std::move(bm));
+    bf16_models.push_back(std::move(bm_fine));
   }
   // A row's numbers do not depend on the rows beside it (greedy speculation relies on it), with
-  // int8 and with fine activations, and on the amx variant.
+  // int8 and with fine activations, and on the BF16 attention variants.
   std::vector<std::pair<Model*, const std::vector<float>*>> row_checks = {{native.get(), &a}, {fine.get(), &f}};
-  if (amx) row_checks.insert(row_checks.end(), {{amx.get(), &xa}, {amx_fine.get(), &xf}});
+  for (size_t i = 0; i < bf16_models.size(); ++i) row_checks.emplace_back(bf16_models[i].get(), &bf16_logits[i]);
   for (auto [m, all] : row_checks) {
     KvCache kv = m->NewKvCache(n);
     std::vector<float> one(V);

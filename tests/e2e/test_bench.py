@@ -22,7 +22,7 @@ def test_bench_quick_json(run_mererun, model_path, tmp_path):
     assert {(p["rows"], p["cols"]) for p in pts} == {(8960, 1536), (1536, 8960)}
     assert sorted({p["act_rows"] for p in pts}) == [1, 2, 4, 8, 64]
     assert all(p["gbps"] > 0 and p["gbps_cpu"] > 0 and p["ms"] > 0 and p["gops"] > 0 for p in pts)
-    assert j["machine"]["matmul"]["cpu_variant"] in ("scalar", "avx2", "avx512", "amx")
+    assert j["machine"]["matmul"]["cpu_variant"] in ("scalar", "avx2", "avx512", "avx512bf16", "amx")
     [m] = j["models"]
     assert m["name"] == "smollm2-135m-instruct" and len(m["sha256"]) == 64
     assert m["weight_bytes"] > 0 and m["llamacpp"] is None

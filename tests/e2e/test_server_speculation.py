@@ -113,7 +113,7 @@ def test_sampled_requests_draft_and_stream(mererun_bin, model_path):
     # Every MERERUN_* control is validated at start-up, by name, with its allowed values.
     ([], {"MERERUN_WEIGHTS": "q4"}, "MERERUN_WEIGHTS='q4' is not valid; allowed: native, q8g64"),
     ([], {"MERERUN_THREADS": "0"}, "MERERUN_THREADS"),
-    ([], {"MERERUN_CPU": "neon"}, "scalar, avx2, avx512, amx"),
+    ([], {"MERERUN_CPU": "neon"}, "scalar, avx2, avx512, avx512bf16, amx"),
     ([], {"MERERUN_LOG": "loud"}, "MERERUN_LOG"),
 ])
 def test_bad_draft_configuration_is_a_startup_error(mererun_bin, model_path, args, env, needle):

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     t.erase(t.begin());  // the first call warms the caches
     std::sort(t.begin(), t.end());
     const double med = t[t.size() / 2];
-    std::fprintf(stderr, "  %-8s %9.3f ms  %7.1f G multiply-adds/s\n", mr::CpuVariantName(c), med * 1e3,
+    std::fprintf(stderr, "  %-10s %9.3f ms  %7.1f G multiply-adds/s\n", mr::CpuVariantName(c), med * 1e3,
                  mads / med / 1e9);
     json += std::string(first ? "" : ",") + "{\"variant\":\"" + mr::CpuVariantName(c) +
             "\",\"ms\":" + std::to_string(med * 1e3) + ",\"gmads\":" + std::to_string(mads / med / 1e9) + "}";

@@ -9,7 +9,7 @@
 //   prefill: one Forward over `prefill` tokens (tok/s).
 // Each measurement is the median of `reps` repetitions, interleaved across kinds.
 // Usage: mererun_kbench MODEL.gguf [threads=2] [reps=5] [prefill=512] [weights=native|q8g64]
-// MERERUN_CPU=scalar|avx2|avx512|amx picks the kernel variant (default: the best the CPU has).
+// MERERUN_CPU=scalar|avx2|avx512|avx512bf16|amx picks the kernel variant (default: the best the CPU has).
 // Prints a table to stderr and one JSON object to stdout.
 #include <time.h>
 

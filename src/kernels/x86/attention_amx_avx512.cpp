@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/x86/attention_pairs512.h"
 #include "kernels/x86/kernels_x86.h"
-#include "kernels/x86/vec_math512.h"
 
 #define MR_AMX_BF16_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
 
@@ -36,8 +36,8 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // cache positions per block
 static_assert(kBlock == 32, "BlockMask32");
-constexpr int64_t kPairs = 16;       // (row, head) pairs per tile
-constexpr int64_t kTileWords = 256;  // one tile: 16 rows x 64 bytes
+constexpr int64_t kPairs = 16;                // (row, head) pairs per tile
+constexpr int64_t kTileWords = kKvTileWords;  // one tile: 16 rows x 64 bytes
 
 // Palette 1, every tile 16 rows x 64 bytes: tmm0/1 scores of positions 0-15 / 16-31 (FP32),
 // tmm2 query (32 dims, BF16), tmm3 K (16 dim pairs x 16 positions), tmm4 probabilities (32
@@ -49,44 +49,6 @@ struct alignas(64) AmxAttnConfig {
   uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
-
-// The block's K as B tiles: tile (c, h) (kb + (2c + h) * kTileWords) holds dims 32c..32c+31 of
-// positions 16h..16h+15, row i the pair (32c + 2i, 32c + 2i + 1) of each position. V as B tiles:
-// tile e (vb + e * kTileWords) holds dims 16e..16e+15, row k the pairs (V[2k][d], V[2k+1][d]).
-// Positions outside [j0, j1) are zero (never read from memory).
-MR_AMX_BF16_TARGET void LoadBlock(const mr::AttnChunk& a, int64_t b0, int64_t j0, int64_t j1, uint32_t* kb,
-                                  uint32_t* vb) {
-  const int64_t hd = a.hd;
-  const uint16_t* kp = a.k + b0 * a.kv_stride;
-  for (int64_t h = 0; h < 2; ++h) {
-    for (int64_t i0 = 0; i0 < hd; i0 += 32) {
-      __m512i r[16];
-      LoadKPairs16(kp + 16 * h * a.kv_stride, a.kv_stride, i0, j0 - 16 * h, j1 - 16 * h, r);
-      uint32_t* tile = kb + (2 * (i0 / 32) + h) * kTileWords;
-#pragma GCC unroll 16
-      for (int64_t i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
-    }
-  }
-  // Word 2k of lo = x0[k], 2k + 1 = x1[k]; hi the same for k + 16 (index bit 5 picks x1).
-  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
-  const uint16_t* vp = a.v + b0 * a.kv_stride;
-  for (int64_t k = 0; k < kBlock / 2; ++k) {
-    const int64_t j = 2 * k;
-    const bool in0 = j >= j0 && j < j1, in1 = j + 1 >= j0 && j + 1 < j1;
-    const uint16_t* v0 = vp + j * a.kv_stride;
-    const uint16_t* v1 = v0 + a.kv_stride;
-    for (int64_t d = 0; d < hd; d += 32) {
-      const __m512i x0 = in0 ? _mm512_loadu_si512(v0 + d) : _mm512_setzero_si512();
-      const __m512i x1 = in1 ? _mm512_loadu_si512(v1 + d) : _mm512_setzero_si512();
-      _mm512_store_si512(vb + (d / 16) * kTileWords + 16 * k, _mm512_permutex2var_epi16(x0, lo_idx, x1));
-      _mm512_store_si512(vb + (d / 16 + 1) * kTileWords + 16 * k, _mm512_permutex2var_epi16(x0, hi_idx, x1));
-    }
-  }
-}
 
 // Per-pair state: the running max and sum, and the pair's valid positions.
 struct PairState {
@@ -127,7 +89,6 @@ MR_AMX_BF16_TARGET void StoreScores(float* sbuf) {
 MR_AMX_BF16_TARGET void Softmax(const mr::AttnChunk& a, int64_t b0, int64_t p0, int64_t np, float* ob,
                                 const PairState& st, const float* sbuf, uint16_t* pbuf) {
   const int64_t hd = a.hd;
-  const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t i = 0; i < np; ++i) {
     const int64_t p = p0 + i;
     const int64_t lo = st.lo[p] - b0, hi = st.hi[p] - b0;
@@ -137,31 +98,11 @@ MR_AMX_BF16_TARGET void Softmax(const mr::AttnChunk& a, int64_t b0, int64_t p0, 
       continue;
     }
     const uint32_t valid = BlockMask32(lo, hi);
-    const __mmask16 v0 = static_cast<__mmask16>(valid), v1 = static_cast<__mmask16>(valid >> 16);
-    __m512 s0 = _mm512_mul_ps(_mm512_load_ps(sbuf + 32 * i), scale);
-    __m512 s1 = _mm512_mul_ps(_mm512_load_ps(sbuf + 32 * i + 16), scale);
-    if (a.softcap > 0) {
-      s0 = SoftCap16(s0, a.softcap);
-      s1 = SoftCap16(s1, a.softcap);
-    }
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    s0 = _mm512_mask_blend_ps(v0, ninf, s0);
-    s1 = _mm512_mask_blend_ps(v1, ninf, s1);
-    const float m_old = st.m[p];
-    const float bm = std::max(m_old, _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
-    const float corr = bm == m_old ? 1.0f : std::exp(m_old - bm);  // exp(-inf) = 0 on the first block
-    st.m[p] = bm;
-    const __m512 bmv = _mm512_set1_ps(bm);
-    const __m512 e0 = _mm512_maskz_mov_ps(v0, Exp16(_mm512_sub_ps(s0, bmv)));
-    const __m512 e1 = _mm512_maskz_mov_ps(v1, Exp16(_mm512_sub_ps(s1, bmv)));
-    const __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0);  // positions 0-15 low, 16-31 high: in order
-    __m512i pw;
-    std::memcpy(&pw, &pb, sizeof(pw));
-    _mm512_store_si512(prow, pw);
-    const __m512 r0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(pw)), 16));
-    const __m512 r1 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(pw, 1)), 16));
-    st.l[p] = st.l[p] * corr + _mm512_reduce_add_ps(_mm512_add_ps(r0, r1));
+    __m512 e0, e1;
+    const float corr =
+        BlockSoftmax(_mm512_load_ps(sbuf + 32 * i), _mm512_load_ps(sbuf + 32 * i + 16), static_cast<__mmask16>(valid),
+                     static_cast<__mmask16>(valid >> 16), a.scale, a.softcap, st.m + p, &e0, &e1);
+    st.l[p] = st.l[p] * corr + StoreProbsBf16(e0, e1, prow);
     if (corr != 1.0f) {
       const __m512 cv = _mm512_set1_ps(corr);
       float* o = ob + p * hd;
@@ -234,7 +175,7 @@ MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
   const PairState st{m, l, plo, phi};
   for (int64_t b0 = jmin / kBlock * kBlock; b0 < jmax; b0 += kBlock) {
     const int64_t j0 = std::max(b0, jmin) - b0, j1 = std::min(b0 + kBlock, jmax) - b0;
-    LoadBlock(a, b0, j0, j1, kb, vb);
+    LoadKvBlockPairs(a, b0, j0, j1, kb, vb);
     MemoryBarrier();
     // The pair tiles that read the block (the others would add exact zeros), pipelined: the
     // next tile's scores are issued before this tile's softmax.

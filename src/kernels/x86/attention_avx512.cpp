@@ -21,13 +21,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/x86/attention_pairs512.h"
 #include "kernels/x86/kernels_x86.h"
-#include "kernels/x86/vec_math512.h"
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // cache positions per block, one per lane of two registers
-static_assert(kBlock == 32, "BlockMask32");
+constexpr int64_t kBlock = kPairBlock;  // cache positions per block, one per lane of two registers
 
 // Scores of P (row, head) pairs against the block's K^T (hd x 32): s[2p + h] holds positions
 // 16h..16h+15 of pair p. Two FMA chains per pair and half (even and odd i) for every P, so a
@@ -54,136 +53,74 @@ template <int P>
   for (int p = 0; p < 2 * P; ++p) s[p] = _mm512_add_ps(a[p], b[p]);
 }
 
-// out_p = out_p * corr_p + sum over the block's 32 positions of prob_p[jj] * vf[jj], for P pairs
-// whose outputs (NC 16-float chunks each) stay in registers; each V load serves the P pairs.
-template <int NC, int P>
-[[gnu::always_inline]] inline void AccumulateV(const float* const* prob, const float* corr, const float* vf,
-                                               float* const* out) {
-  __m512 acc[P][NC];
+// The FP32 arithmetic for the shared group steps (attention_pairs512.h).
+struct Fp32Pairs {
+  using QWord = float;
+  using Prob = float;
+  using VWord = float;
+  static constexpr int kProbWords = kBlock;
+
+  // out_p = out_p * corr_p + sum over the block's 32 positions of prob_p[jj] * vf[jj], for P pairs
+  // whose outputs (NC 16-float chunks each) stay in registers; each V load serves the P pairs.
+  template <int NC, int P>
+  [[gnu::always_inline]] static void AccumulateV(const float* const* prob, const float* corr, const float* vf,
+                                                 float* const* out) {
+    __m512 acc[P][NC];
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    const __m512 cv = _mm512_set1_ps(corr[p]);
+    for (int p = 0; p < P; ++p) {
+      const __m512 cv = _mm512_set1_ps(corr[p]);
 #pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) acc[p][c] = _mm512_mul_ps(_mm512_loadu_ps(out[p] + 16 * c), cv);
-  }
-  for (int64_t jj = 0; jj < kBlock; ++jj) {
-    __m512 pj[P];
+      for (int c = 0; c < NC; ++c) acc[p][c] = _mm512_mul_ps(_mm512_loadu_ps(out[p] + 16 * c), cv);
+    }
+    for (int64_t jj = 0; jj < kBlock; ++jj) {
+      __m512 pj[P];
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) pj[p] = _mm512_set1_ps(prob[p][jj]);
+      for (int p = 0; p < P; ++p) pj[p] = _mm512_set1_ps(prob[p][jj]);
 #pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) {
-      const __m512 vv = _mm512_loadu_ps(vf + jj * 16 * NC + 16 * c);
+      for (int c = 0; c < NC; ++c) {
+        const __m512 vv = _mm512_loadu_ps(vf + jj * 16 * NC + 16 * c);
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(pj[p], vv, acc[p][c]);
+        for (int p = 0; p < P; ++p) acc[p][c] = _mm512_fmadd_ps(pj[p], vv, acc[p][c]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[p] + 16 * c, acc[p][c]);
     }
   }
+
+  const mr::AttnChunk& a;
+  const float* kt;  // (hd, 32): K^T of the block
+  const float* vb;  // (32, hd): V of the block in FP32
+  PairAccumulateFn<float, float> accumulate;
+
+  const float* Query(int64_t r, int64_t h) const {
+    return a.q + r * a.q_stride + h * a.hd;
+  }
+
+  template <int P>
+  void ScoreGroup(const PairGroup<float>& g, float (*prob)[kBlock], float* corr) const {
+    __m512 s[2 * P];
+    Scores<P>(g.q, kt, a.hd, s);
 #pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[p] + 16 * c, acc[p][c]);
+    for (int p = 0; p < P; ++p) {
+      __m512 e0, e1;
+      corr[p] =
+          BlockSoftmax(s[2 * p], s[2 * p + 1], g.valid[p][0], g.valid[p][1], a.scale, a.softcap, g.m[p], &e0, &e1);
+      _mm512_storeu_ps(prob[p], e0);
+      _mm512_storeu_ps(prob[p] + 16, e1);
+      *g.l[p] = *g.l[p] * corr[p] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    }
   }
-}
-
-using AccumulateFn = void (*)(int np, const float* const* prob, const float* corr, const float* vf, float* const* out);
-
-// np (<= 4) pairs through AccumulateV, as many at once as the registers hold.
-template <int NC>
-void AccumulateGroup(int np, const float* const* prob, const float* corr, const float* vf, float* const* out) {
-  constexpr int P = NC <= 4 ? 4 : NC <= 8 ? 2 : 1;
-  int p = 0;
-  for (; p + P <= np; p += P) AccumulateV<NC, P>(prob + p, corr + p, vf, out + p);
-  for (; p < np; ++p) AccumulateV<NC, 1>(prob + p, corr + p, vf, out + p);
-}
-
-AccumulateFn PickAccumulate(int64_t nc) {
-  switch (nc) {
-    case 2:
-      return &AccumulateGroup<2>;
-    case 4:
-      return &AccumulateGroup<4>;
-    case 6:
-      return &AccumulateGroup<6>;
-    case 8:
-      return &AccumulateGroup<8>;
-    case 10:
-      return &AccumulateGroup<10>;
-    case 12:
-      return &AccumulateGroup<12>;
-    case 14:
-      return &AccumulateGroup<14>;
-    default:
-      return &AccumulateGroup<16>;
-  }
-}
-
-// Up to four pairs waiting for the block: their query heads, outputs, lane masks and running
-// softmax state.
-struct Group {
-  int n = 0;
-  const float* q[4];
-  float* out[4];
-  __mmask16 valid[4][2];  // positions 0-15 and 16-31 of the block
-  float* m[4];
-  float* l[4];
 };
-
-template <int P>
-void ScoreGroup(const Group& g, const float* kt, int64_t hd, float scale, float softcap, float (*prob)[kBlock],
-                float* corr) {
-  __m512 s[2 * P];
-  Scores<P>(g.q, kt, hd, s);
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    __m512 sv[2];
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m512 x = _mm512_mul_ps(s[2 * p + h], _mm512_set1_ps(scale));
-      if (softcap > 0) x = SoftCap16(x, softcap);
-      sv[h] = _mm512_mask_blend_ps(g.valid[p][h], _mm512_set1_ps(-INFINITY), x);
-    }
-    const float bm = std::max(*g.m[p], _mm512_reduce_max_ps(_mm512_max_ps(sv[0], sv[1])));
-    // exp(-inf) = 0 on the row's first block; exp(0) = 1 exactly, without the call, while the max
-    // holds (most blocks).
-    corr[p] = bm == *g.m[p] ? 1.0f : std::exp(*g.m[p] - bm);
-    *g.m[p] = bm;
-    const __m512 bmv = _mm512_set1_ps(bm);
-    const __m512 pv0 = _mm512_maskz_mov_ps(g.valid[p][0], Exp16(_mm512_sub_ps(sv[0], bmv)));
-    const __m512 pv1 = _mm512_maskz_mov_ps(g.valid[p][1], Exp16(_mm512_sub_ps(sv[1], bmv)));
-    _mm512_storeu_ps(prob[p], pv0);
-    _mm512_storeu_ps(prob[p] + 16, pv1);
-    *g.l[p] = *g.l[p] * corr[p] + _mm512_reduce_add_ps(_mm512_add_ps(pv0, pv1));
-  }
-}
-
-// Scores, softmax update and V accumulation of a group against the current block.
-void RunGroup(Group& g, const float* kt, const float* vf, int64_t hd, float scale, float softcap,
-              AccumulateFn accumulate) {
-  alignas(64) float prob[4][kBlock];
-  float corr[4];
-  switch (g.n) {
-    case 1:
-      ScoreGroup<1>(g, kt, hd, scale, softcap, prob, corr);
-      break;
-    case 2:
-      ScoreGroup<2>(g, kt, hd, scale, softcap, prob, corr);
-      break;
-    case 3:
-      ScoreGroup<3>(g, kt, hd, scale, softcap, prob, corr);
-      break;
-    default:
-      ScoreGroup<4>(g, kt, hd, scale, softcap, prob, corr);
-  }
-  const float* pp[4] = {prob[0], prob[1], prob[2], prob[3]};
-  accumulate(g.n, pp, corr, vf, g.out);
-  g.n = 0;
-}
 
 }  // namespace
 
 namespace mr::x86 {
 
 void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
-  const int64_t hd = a.hd, n_q = a.n_q, n_rows = a.n_rows;
+  const int64_t hd = a.hd;
   if (hd % 32 != 0 || hd > 256) {
     AttentionGqaAvx2(a, scratch);
     return;
@@ -194,19 +131,10 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
   float* kt = AlignAttentionScratch(scratch);  // (hd, 32): K^T of the block
   float* vf = kt + hd * kBlock;                // (32, hd): V of the block in FP32
   float* m = vf + kBlock * hd;                 // (n_rows * n_q) running max
-  float* l = m + n_rows * n_q;                 // (n_rows * n_q) running sum of exp
-  int64_t jmin = a.lo[0], jmax = a.hi[0];
-  for (int64_t r = 0; r < n_rows; ++r) {
-    jmin = std::min(jmin, a.lo[r]);
-    jmax = std::max(jmax, a.hi[r]);
-    float* out = a.out + r * a.out_stride;
-    for (int64_t h = 0; h < n_q; ++h) {
-      m[r * n_q + h] = -INFINITY;
-      l[r * n_q + h] = 0;
-      for (int64_t i = 0; i < hd; i += 16) _mm512_storeu_ps(out + h * hd + i, _mm512_setzero_ps());
-    }
-  }
-  const AccumulateFn accumulate = PickAccumulate(hd / 16);
+  float* l = m + a.n_rows * a.n_q;             // (n_rows * n_q) running sum of exp
+  int64_t jmin, jmax;
+  StartPairs(a, m, l, &jmin, &jmax);
+  const Fp32Pairs k{a, kt, vf, PickAccumulate<Fp32Pairs>(hd / 16)};
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t b0 = jmin / kBlock * kBlock; b0 < jmax; b0 += kBlock) {
     // Positions of the block that some row reads; the others are zero (never read from memory).
@@ -235,32 +163,9 @@ void AttentionGqaAvx512(const AttnChunk& a, float* scratch) {
         _mm512_storeu_ps(vf + jj * hd + i, x);
       }
     }
-    Group g;
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t lo = a.lo[r] - b0, hi = a.hi[r] - b0;  // the row's positions, relative to the block
-      if (lo >= kBlock || hi <= 0) continue;
-      const uint32_t valid = BlockMask32(lo, hi);
-      for (int64_t h = 0; h < n_q; ++h) {
-        g.q[g.n] = a.q + r * a.q_stride + h * hd;
-        g.out[g.n] = a.out + r * a.out_stride + h * hd;
-        g.valid[g.n][0] = static_cast<__mmask16>(valid);
-        g.valid[g.n][1] = static_cast<__mmask16>(valid >> 16);
-        g.m[g.n] = m + r * n_q + h;
-        g.l[g.n] = l + r * n_q + h;
-        if (++g.n == 4) RunGroup(g, kt, vf, hd, a.scale, a.softcap, accumulate);
-      }
-    }
-    if (g.n > 0) RunGroup(g, kt, vf, hd, a.scale, a.softcap, accumulate);
+    VisitBlock(a, b0, m, l, k);
   }
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* out = a.out + r * a.out_stride;
-    for (int64_t h = 0; h < n_q; ++h) {
-      const float lv = l[r * n_q + h];
-      const __m512 inv = _mm512_set1_ps(lv > 0 ? 1.0f / lv : 0.0f);
-      for (int64_t i = 0; i < hd; i += 16)
-        _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(_mm512_loadu_ps(out + h * hd + i), inv));
-    }
-  }
+  FinishPairs(a, l);
 }
 
 }  // namespace mr::x86

@@ -15,7 +15,8 @@ void MatmulQ8GluAvx2(const QMatrix& gate, const QMatrix& up, const int8_t* xq, c
                      GluAct act, float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
 void AttentionGqaAvx2(const AttnChunk& a, float* scratch);
 void AttentionGqaAvx512(const AttnChunk& a, float* scratch);
-void AttentionGqaAmx(const AttnChunk& a, float* scratch);  // AMX-BF16 (attention_amx_avx512.cpp)
+void AttentionGqaAvx512Bf16(const AttnChunk& a, float* scratch);  // AVX512-BF16 (attention_bf16_avx512.cpp)
+void AttentionGqaAmx(const AttnChunk& a, float* scratch);         // AMX-BF16 (attention_amx_avx512.cpp)
 void QuantizeActsAvx2(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 void GluAvx2(const float* g, const float* u, int64_t n, GluAct act, float* out);
 

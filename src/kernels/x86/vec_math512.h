@@ -1,11 +1,12 @@
-// Small AVX-512 helpers shared by the AVX-512 and AMX attention kernels (anonymous namespace, like
-// vec_math.h: each translation unit compiles its own copy with its own flags).
+// Small AVX-512 helpers shared by the AVX-512, AVX-512 BF16 and AMX attention kernels (anonymous
+// namespace, like vec_math.h: each translation unit compiles its own copy with its own flags).
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "kernels/ops.h"
 #include "kernels/x86/vec_math.h"
 
 namespace {
@@ -81,6 +82,49 @@ inline uint32_t BlockMask32(int64_t lo, int64_t hi) {
   const uint32_t below_hi = hi >= 32 ? 0xFFFFFFFFu : (1u << hi) - 1;
   const uint32_t from_lo = lo <= 0 ? 0xFFFFFFFFu : ~((1u << lo) - 1);
   return below_hi & from_lo;
+}
+
+// The BF16 kernels' block of 32 cache positions (b0..b0+31) in pair words, 64-byte rows of 16
+// words, tiles of 16 rows (kKvTileWords):
+//   - K: tile (c, h) (kb + (2c + h) * kKvTileWords) holds dims 32c..32c+31 of positions
+//     16h..16h+15, row i the pair (32c + 2i, 32c + 2i + 1) of each position (the VNNI layout of
+//     an AMX B tile: a row is one dim pair of 16 positions, a vdpbf16ps operand);
+//   - V: tile e (vb + e * kKvTileWords) holds dims 16e..16e+15, row k the pairs (V[2k][d],
+//     V[2k + 1][d]) (a position pair of 16 dims).
+// Positions outside [j0, j1) are zero (never read from memory). kb and vb: 64-byte aligned, hd / 16
+// tiles each.
+constexpr int64_t kKvTileWords = 256;
+inline void LoadKvBlockPairs(const mr::AttnChunk& a, int64_t b0, int64_t j0, int64_t j1, uint32_t* kb, uint32_t* vb) {
+  const int64_t hd = a.hd;
+  const uint16_t* kp = a.k + b0 * a.kv_stride;
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i0 = 0; i0 < hd; i0 += 32) {
+      __m512i r[16];
+      LoadKPairs16(kp + 16 * h * a.kv_stride, a.kv_stride, i0, j0 - 16 * h, j1 - 16 * h, r);
+      uint32_t* tile = kb + (2 * (i0 / 32) + h) * kKvTileWords;
+#pragma GCC unroll 16
+      for (int64_t i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
+    }
+  }
+  // Word 2k of lo = x0[k], 2k + 1 = x1[k]; hi the same for k + 16 (index bit 5 picks x1).
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
+  const uint16_t* vp = a.v + b0 * a.kv_stride;
+  for (int64_t k = 0; k < 16; ++k) {
+    const int64_t j = 2 * k;
+    const bool in0 = j >= j0 && j < j1, in1 = j + 1 >= j0 && j + 1 < j1;
+    const uint16_t* v0 = vp + j * a.kv_stride;
+    const uint16_t* v1 = v0 + a.kv_stride;
+    for (int64_t d = 0; d < hd; d += 32) {
+      const __m512i x0 = in0 ? _mm512_loadu_si512(v0 + d) : _mm512_setzero_si512();
+      const __m512i x1 = in1 ? _mm512_loadu_si512(v1 + d) : _mm512_setzero_si512();
+      _mm512_store_si512(vb + (d / 16) * kKvTileWords + 16 * k, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+      _mm512_store_si512(vb + (d / 16 + 1) * kKvTileWords + 16 * k, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+    }
+  }
 }
 
 }  // namespace
