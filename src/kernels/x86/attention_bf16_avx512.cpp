@@ -31,8 +31,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/x86/kernels_x86.h"
 #include "kernels/x86/attention_pairs512.h"
+#include "kernels/x86/kernels_x86.h"
 
 namespace {
 
@@ -49,8 +49,7 @@ inline __m512 Dot(__m512 acc, __m512i a, __m512i b) {
 // pair's query in BF16 pair words (hd / 2). Two chains per half (even and odd dim pairs) for every
 // P, so a pair's scores do not depend on the pairs computed with it.
 template <int P>
-[[gnu::always_inline]] inline void Scores(const uint32_t* const* q, const uint32_t* kb, int64_t hd,
-                                                         __m512* s) {
+[[gnu::always_inline]] inline void Scores(const uint32_t* const* q, const uint32_t* kb, int64_t hd, __m512* s) {
   __m512 a[2 * P], b[2 * P];
 #pragma GCC unroll 8
   for (int p = 0; p < 2 * P; ++p) a[p] = b[p] = _mm512_setzero_ps();
@@ -85,29 +84,29 @@ struct Bf16Pairs {
   // out_p = out_p * corr_p + sum over the block's 16 position pairs of prob_p[k] . V[k], for P pairs
   // whose outputs (NC 16-float chunks each) stay in registers; each V load serves the P pairs.
   template <int NC, int P>
-  [[gnu::always_inline]] static void AccumulateV(const uint32_t* const* prob, const float* corr,
-                                                                const uint32_t* vb, float* const* out) {
+  [[gnu::always_inline]] static void AccumulateV(const uint32_t* const* prob, const float* corr, const uint32_t* vb,
+                                                 float* const* out) {
     __m512 acc[P][NC];
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       const __m512 cv = _mm512_set1_ps(corr[p]);
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int c = 0; c < NC; ++c) acc[p][c] = _mm512_mul_ps(_mm512_loadu_ps(out[p] + 16 * c), cv);
     }
     for (int64_t k = 0; k < kBlock / 2; ++k) {
       __m512i pk[P];
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int p = 0; p < P; ++p) pk[p] = _mm512_set1_epi32(static_cast<int>(prob[p][k]));
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int c = 0; c < NC; ++c) {
         const __m512i vv = _mm512_load_si512(vb + c * kKvTileWords + 16 * k);
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int p = 0; p < P; ++p) acc[p][c] = Dot(acc[p][c], vv, pk[p]);
       }
     }
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[p] + 16 * c, acc[p][c]);
     }
   }
@@ -118,7 +117,9 @@ struct Bf16Pairs {
   const uint32_t* qb;  // per pair (row-major), the query in BF16 pair words
   PairAccumulateFn<uint32_t, uint32_t> accumulate;
 
-  const uint32_t* Query(int64_t r, int64_t h) const { return qb + (r * a.n_q + h) * a.hd / 2; }
+  const uint32_t* Query(int64_t r, int64_t h) const {
+    return qb + (r * a.n_q + h) * a.hd / 2;
+  }
 
   // The group's scores, their softmax step, and the probabilities rounded to BF16 (RNE) in
   // position pairs; the running sum adds the rounded values.
