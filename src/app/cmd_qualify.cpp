@@ -50,7 +50,7 @@ struct Config {
   uint8_t fine_acts = DefaultFineActs();
 };
 
-// "path=ref|fast,cpu=scalar|avx2|avx512,threads=N,weights=native|q8g64" (any subset, any order).
+// "path=ref|fast,cpu=scalar|avx2|avx512|avx512bf16|amx,threads=N,weights=native|q8g64" (any subset, any order).
 Result<Config> ParseConfig(const std::string& spec) {
   Config c;
   c.spec = spec;
@@ -222,11 +222,12 @@ json ConfigJson(const Config& c, const Model& m, double seconds) {
 }
 
 int Likelihood(const Args& args) {
-  Cli cli("qualify likelihood",
-          "Perplexity of a candidate configuration against a reference on held-out text, with a "
-          "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
-          "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512, threads=N, weights=native|q8g64, "
-          "acts=int8|fine|ROLE+...");
+  Cli cli(
+      "qualify likelihood",
+      "Perplexity of a candidate configuration against a reference on held-out text, with a "
+      "window-bootstrap upper bound on the ratio. Exit status: 0 bar met, 3 bar not met, 1 error, 2 usage.\n"
+      "CONFIG: comma list of path=ref|fast, cpu=scalar|avx2|avx512|avx512bf16|amx, threads=N, weights=native|q8g64, "
+      "acts=int8|fine|ROLE+...");
   CLI::App& app = cli.app();
   std::string model_arg, ref_spec, cand_spec, json_path, data_dir, text_arg;
   int n_windows = 16, n_pos = 2048, chunk = 128, n_boot = 2000;
