@@ -88,7 +88,7 @@ const KernelTable kAvx2 = {
      &x86::MatmulQ80GluAvx2, &x86::MatmulQ40GluAvx2, &x86::MatmulQ5KGluAvx2, &x86::MatmulF16GluAvx2,
      &x86::MatmulBF16GluAvx2}};
 // AVX-512 machines have AVX2: activation quantization and the GLU are shared.
-const KernelTable kAvx512 = {
+constexpr KernelTable kAvx512 = {
     CpuVariant::kAvx512,
     &x86::QuantizeActsAvx2,
     &x86::MatmulQ8Avx512,
@@ -100,20 +100,15 @@ const KernelTable kAvx512 = {
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
      &x86::MatmulBF16GluAvx512}};
-// AVX-512 machines with AVX512-BF16: the AVX-512 table with attention on BF16 dot products.
-const KernelTable kAvx512Bf16 = {
-    CpuVariant::kAvx512Bf16,
-    &x86::QuantizeActsAvx2,
-    &x86::MatmulQ8Avx512,
-    &x86::MatmulQ8GluAvx512,
-    &x86::AttentionGqaAvx512Bf16,
-    &x86::GluAvx2,
-    {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Avx512, &x86::MatmulQ41Avx512, &x86::MatmulQ80Avx512,
-     &x86::MatmulQ40Avx512, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
-    {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
-     &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
-     &x86::MatmulBF16GluAvx512},
-    /*attention_bf16=*/true};
+// AVX-512 machines with AVX512-BF16: the AVX-512 table with attention on BF16 dot products
+// (constexpr, so still constant-initialized).
+constexpr KernelTable WithBf16Attention(KernelTable t, CpuVariant v, void (*attention)(const AttnChunk&, float*)) {
+  t.variant = v;
+  t.attention = attention;
+  t.attention_bf16 = true;
+  return t;
+}
+constexpr KernelTable kAvx512Bf16 = WithBf16Attention(kAvx512, CpuVariant::kAvx512Bf16, &x86::AttentionGqaAvx512Bf16);
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
 // formats on AMX tiles (Q5_K and the float formats stay on AVX-512), and attention on AMX-BF16. An aggregate like the
 // others, so it is constant-initialized (no static-initialization order to depend on).
@@ -158,7 +153,7 @@ bool CpuSupports(CpuVariant v) {
     case CpuVariant::kAvx512:
       return f.avx512 && f.fma && f.f16c;
     case CpuVariant::kAvx512Bf16:
-      return f.avx512 && f.avx512bf16 && f.fma && f.f16c;
+      return f.avx512bf16 && f.fma && f.f16c;
     case CpuVariant::kAmx:
       return f.amx && f.fma && f.f16c && x86::AmxPermitted();
   }
