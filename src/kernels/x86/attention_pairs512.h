@@ -55,8 +55,7 @@ constexpr int64_t kPairBlock = 32;  // cache positions per block, one per lane o
 // The BF16 kernels' probabilities: e0, e1 (positions 0-15, 16-31) rounded to BF16 (round to
 // nearest even) and stored at dst (64-byte aligned) as 16 words, word k the positions (2k, 2k + 1);
 // returns the sum of the rounded values (the softmax divides by it).
-__attribute__((target("avx512bf16"))) [[gnu::always_inline]] inline float StoreProbsBf16(__m512 e0, __m512 e1,
-                                                                                         void* dst) {
+__attribute__((target("avx512bf16"), always_inline)) inline float StoreProbsBf16(__m512 e0, __m512 e1, void* dst) {
   const __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0);
   __m512i pw;
   std::memcpy(&pw, &pb, sizeof(pw));
