@@ -136,6 +136,7 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
   MR_RETURN_IF_ERROR(ReadIntKey(f, "general.sampling.top_k", 0, INT32_MAX, 0, &top_k));
   cfg->attn_scale = 1.0f / std::sqrt(static_cast<float>(cfg->head_dim));
   cfg->layer_is_swa.assign(cfg->n_layer, false);
+  cfg->layer_no_rope.assign(cfg->n_layer, false);
   return Status::Ok();
 }
 

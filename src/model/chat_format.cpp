@@ -330,7 +330,7 @@ ChatFamily DetectChatFamily(const gguf::GgufFile& f) {
   if (!tmpl.empty() && ParsedTemplate(tmpl)) return ChatFamily::kTemplate;
   const std::string arch = f.GetString("general.architecture").value_or("");
   if (arch == "gemma2" || arch == "gemma3") return ChatFamily::kGemma;
-  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return ChatFamily::kChatML;
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" || arch == "smollm3") return ChatFamily::kChatML;
   return ChatFamily::kNone;
 }
 

@@ -191,8 +191,10 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
         for (int64_t h = 0; h < c.n_head_kv; ++h)
           ref::RmsNorm(kr + h * hd, L.k_norm.data(), hd, c.rms_eps, kr + h * hd);
       }
-      ops.Rope(qr, c.n_head, pos, swa);
-      ops.Rope(kr, c.n_head_kv, pos, swa);
+      if (!c.layer_no_rope[l]) {
+        ops.Rope(qr, c.n_head, pos, swa);
+        ops.Rope(kr, c.n_head_kv, pos, swa);
+      }
       KvCache& kv = *row_kv_[t];
       uint16_t* kc = kv.k[l].data() + pos * kv_dim;
       uint16_t* vc = kv.v[l].data() + pos * kv_dim;

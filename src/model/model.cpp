@@ -115,9 +115,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     MR_RETURN_IF_ERROR(ReadGemma2Config(f, &m->cfg_));
   } else if (arch == "gemma3") {
     MR_RETURN_IF_ERROR(ReadGemma3Config(f, &m->cfg_));
+  } else if (arch == "smollm3") {
+    MR_RETURN_IF_ERROR(ReadSmolLM3Config(f, &m->cfg_));
   } else {
     return Unsupported("[model] architecture '" + arch +
-                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)");
+                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, smollm3)");
   }
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
   m->ref_path_ = opts.ref_path || DefaultReferencePath();

@@ -33,7 +33,7 @@ struct TensorInfo;
 }  // namespace gguf
 class ForwardOps;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3, kSmolLM3 };
 enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
@@ -54,10 +54,11 @@ struct ModelConfig {
   // Llama 3.x rope scaling: the file's rope_freqs.weight (head_dim/2 factors dividing each pair's
   // frequency); empty when the file has none.
   std::vector<float> rope_freq_factors;
-  int64_t sliding_window = 0;      // 0: none
-  std::vector<bool> layer_is_swa;  // per layer
-  float attn_scale = 0.0f;         // multiplies q·k
-  float embed_scale = 1.0f;        // gemma2, gemma3: sqrt(d_model)
+  int64_t sliding_window = 0;       // 0: none
+  std::vector<bool> layer_is_swa;   // per layer
+  std::vector<bool> layer_no_rope;  // per layer: no rotary embedding (smollm3's NoPE layers)
+  float attn_scale = 0.0f;          // multiplies q·k
+  float embed_scale = 1.0f;         // gemma2, gemma3: sqrt(d_model)
   // gemma2's logit soft-capping (c * tanh(x / c)) of the scaled attention scores and of the
   // output logits; 0: none.
   float attn_softcap = 0.0f;
@@ -237,6 +238,7 @@ class Model {
 
 // Architecture hyperparameter readers (one file each).
 Status ReadLlamaConfig(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadSmolLM3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadQwen3MoeConfig(const gguf::GgufFile& f, ModelConfig* cfg);

@@ -45,6 +45,7 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
 
 struct TinySpec {
   std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | phi3 (fused) | gemma2 | gemma3
+                     // | smollm3 (at least 4 layers)
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
   // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
@@ -161,8 +162,10 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   std::mt19937 rng(seed);
   gguf::GgufWriter w;
   const std::string a = s.arch;
+  // smollm3 has at least 4 layers, so that one of them (the 4th) is a NoPE layer.
+  const int64_t n_layer = a == "smollm3" ? std::max<int64_t>(s.n_layer, 4) : s.n_layer;
   w.SetString("general.architecture", a);
-  w.SetU32(a + ".block_count", static_cast<uint32_t>(s.n_layer));
+  w.SetU32(a + ".block_count", static_cast<uint32_t>(n_layer));
   w.SetU32(a + ".embedding_length", static_cast<uint32_t>(s.d));
   w.SetU32(a + ".feed_forward_length", static_cast<uint32_t>(s.ff));
   w.SetU32(a + ".attention.head_count", static_cast<uint32_t>(s.n_head));
@@ -253,7 +256,7 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
     add("rope_freqs.weight", {s.head_dim / 2}, std::move(b));
   }
   if (a != "qwen2") mat("output.weight", s.vocab, d);  // qwen2 ties embeddings here
-  for (int64_t l = 0; l < s.n_layer; ++l) {
+  for (int64_t l = 0; l < n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     vec(p + "attn_norm.weight", d, 1.0f);
     vec(p + "ffn_norm.weight", d, 1.0f);
@@ -507,7 +510,7 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
 // for the K-quants' 256-input blocks; else widths that are not multiples of 256 (as
 // Qwen2.5-0.5B's 896) for the 32-input blocks.
 bool NativeFormatArch(const std::string& arch) {
-  return arch != "gemma3" && arch != "gemma2" && arch != "qwen3moe";
+  return arch != "gemma3" && arch != "gemma2" && arch != "qwen3moe" && arch != "smollm3";
 }
 TinySpec NativeSpec(const std::string& arch, bool k256) {
   TinySpec s;
@@ -603,7 +606,8 @@ TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest,
-                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
+                                           "smollm3"));
 
 // Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
 // logits (they are applied), both paths apply them alike (the fast path tracks the reference),
@@ -907,6 +911,70 @@ TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {
   std::filesystem::remove(path);
 }
 
+// smollm3's NoPE layers: the same weights as smollm3 and as llama (which ropes every layer) give
+// the same logits at position 0, where the rotation is the identity, and different ones at every
+// later position (the 4th layer attends without positions), on both paths, the fast path
+// tracking the reference.
+TEST(SmolLM3NoPE, EveryFourthLayerAttendsWithoutPositions) {
+  auto write = [](const std::string& arch) {
+    TinySpec s;
+    s.arch = arch;
+    s.n_layer = 4;
+    const std::string path = WriteTinyModel(s, 17), own = path + ".nope";
+    std::filesystem::rename(path, own);
+    return own;
+  };
+  const std::string smol = write("smollm3"), llama = write("llama");
+  const std::vector<TokenId> toks = {3, 1, 4, 1, 5, 9, 2, 6};
+  const int64_t n = static_cast<int64_t>(toks.size()), V = TinySpec{}.vocab;
+  auto run = [&](const std::string& path, bool ref) {
+    auto m = LoadTiny(path, ref);
+    EXPECT_TRUE(m);
+    EXPECT_EQ(m->config().layer_no_rope, (std::vector<bool>{false, false, false, path == smol}));
+    KvCache kv = m->NewKvCache(n);
+    std::vector<float> out(n * V);
+    EXPECT_TRUE(m->Forward(kv, toks.data(), n, true, out.data()).ok());
+    return out;
+  };
+  std::vector<float> smol_ref;
+  for (bool ref : {true, false}) {
+    SCOPED_TRACE(ref ? "reference path" : "fast path");
+    const std::vector<float> a = run(smol, ref), b = run(llama, ref);
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> ra(a.begin() + t * V, a.begin() + (t + 1) * V), rb(b.begin() + t * V, b.begin() + (t + 1) * V);
+      if (t == 0) {
+        EXPECT_LT(MaxAbsDiff(ra, rb), 1e-6);
+      } else {
+        EXPECT_GT(MaxAbsDiff(ra, rb), 1e-3) << "position " << t;
+      }
+    }
+    if (ref) {
+      smol_ref = a;
+    } else {
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        err += (a[i] - smol_ref[i]) * (a[i] - smol_ref[i]);
+        norm += smol_ref[i] * smol_ref[i];
+      }
+      EXPECT_LT(std::sqrt(err / norm), 0.035);
+    }
+  }
+  std::filesystem::remove(smol);
+  std::filesystem::remove(llama);
+  // llama.cpp's smollm3 graph applies no rope_freqs factors: a file with them is refused, not run
+  // differently.
+  TinySpec s;
+  s.arch = "smollm3";
+  s.rope_freqs = true;
+  const std::string path = WriteTinyModel(s, 17);
+  LoadOptions o;
+  o.n_threads = 1;
+  auto m = Model::Load(path, o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'rope_freqs.weight'"), std::string::npos) << m.status().message();
+  std::filesystem::remove(path);
+}
+
 // gemma2's soft-capping, against the same weights without it (caps of 1e5 change nothing a
 // float shows): the output logits are exactly cap * tanh(uncapped / cap), and a small attention
 // cap changes every position after the first (the first attends to itself only: its softmax is
@@ -1106,6 +1174,7 @@ int64_t ResidentPages(const KvBuffer& b) {
 TEST_P(TinyArchTest, KvCacheIsLazyAndReleaseKeepsItUsable) {
   TinySpec s;
   s.arch = GetParam();
+  if (s.arch == "smollm3") s.n_layer = 4;  // WriteTinyModel's minimum for it, which the sizes below use
   const std::string path = WriteTinyModel(s, 35);
   auto m = LoadTiny(path, false);
   ASSERT_TRUE(m);

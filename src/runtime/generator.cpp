@@ -24,6 +24,9 @@ SamplingParams ModelDefaultSampling(const Model& model) {
     case Arch::kQwen3Moe:
       s = {0.6f, 20, 0.95f, 0.0f};
       break;
+    case Arch::kSmolLM3:  // the model card's
+      s = {0.6f, 0, 0.95f, 0.0f};
+      break;
     case Arch::kPhi3:  // no family defaults: the file's, else the sampler's
     case Arch::kGemma2:
       break;

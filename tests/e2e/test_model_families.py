@@ -49,6 +49,15 @@ QWEN3MOE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--d", "1024", "--heads"
                  "--head-dim", "128", "--ff", "3072", "--experts", "16", "--experts-used", "4",
                  "--expert-ff", "768", "--rope-base", "1000000", "--tied", "--type", "f16", "--seed", "5"]
 
+# SmolLM3-3B's widths (d 2048, 16 heads / 4 KV of 128, ff 11008, base 5e6, tied; Llama's block with
+# adjacent-pair RoPE), 4 layers, so the 4th is a NoPE layer (no rotary embedding: llama.cpp fixes
+# the period at 4 for this architecture). Logits of standard deviation 6: with 152k random logits
+# the gap between the two highest is ~sd/5 on average, and at sd 4 1.3 % of positions had a gap
+# below the two sides' rounding noise (top-1 0.987 at KL 9e-5); at sd 6, 0.990 at KL 1.4e-4.
+SMOLLM3_ARGS = ["--arch", "smollm3", "--layers", "4", "--d", "2048", "--heads", "16", "--kv-heads", "4",
+                "--head-dim", "128", "--ff", "11008", "--rope-base", "5000000", "--tied", "--logit-sd", "6",
+                "--type", "f16", "--seed", "8"]
+
 # Phi-3-mini's widths (d 3072, 32 heads of 96, no GQA, ff 8192), 2 layers: q/k/v fused in
 # attn_qkv and gate/up fused in ffn_up, which the loader splits into row views; untied output.
 PHI3_ARGS = ["--arch", "phi3", "--layers", "2", "--d", "3072", "--heads", "32", "--kv-heads", "32",
@@ -114,7 +123,8 @@ def _parity(model: Path, mererun_bin, work: Path, extra=()):
                                               ("llama3", LLAMA3_ARGS, 0.99),
                                               ("qwen3moe", QWEN3MOE_ARGS, 0.98),
                                               ("phi3", PHI3_ARGS, 0.99),
-                                              ("gemma2", GEMMA2_ARGS, 0.99)])
+                                              ("gemma2", GEMMA2_ARGS, 0.99),
+                                              ("smollm3", SMOLLM3_ARGS, 0.99)])
 def test_generated_family_matches_llamacpp(family, args, top1, model_path, mererun_bin, tmp_path):
     """The reference path (FP32 activations on the F16 weights) against llama.cpp on the same
     file: the issue's bars, top-1 >= 0.99 and mean KL <= 1e-3. A wrong QK-norm, RoPE layout or

@@ -2,7 +2,7 @@
 // shapes and a real tokenizer, for proving an architecture's forward pass against llama.cpp
 // (tests/e2e/test_model_families.py, docs/models.md) where the registries hold no weights.
 //
-//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3|gemma2 --vocab-from FILE.gguf --out PATH
+//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2 --vocab-from FILE.gguf --out PATH
 //                    [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F]
 //                    [--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear]
 //                    [--tied] [--experts E --experts-used K --expert-ff F]
@@ -47,7 +47,7 @@ struct Args {
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
-               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|phi3|gemma2 --vocab-from "
+               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2 --vocab-from "
                "FILE.gguf --out PATH [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F] "
                "[--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear] [--tied] [--experts E "
                "--experts-used K --expert-ff F] [--logit-sd S] [--sliding-window W] [--attn-softcap C] [--final-softcap C] "
@@ -82,7 +82,12 @@ Args Parse(int argc, char** argv) {
     else if (k == "--head-dim") a.head_dim = num();
     else if (k == "--ff") a.ff = num();
     else if (k == "--seed") a.seed = static_cast<uint32_t>(num());
-    else if (k == "--rope-base") a.rope_base = static_cast<double>(num());
+    else if (k == "--rope-base") {  // up to 1e9 (SmolLM3: 5e6)
+      const std::string v = val();
+      char* end = nullptr;
+      a.rope_base = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(a.rope_base > 0 && a.rope_base <= 1e9)) Usage(("--rope-base: got '" + v + "'").c_str());
+    }
     else if (k == "--rope-freqs") a.rope_freqs = val();
     else if (k == "--tied") a.tied = true;
     else if (k == "--experts") a.experts = num();
@@ -96,9 +101,9 @@ Args Parse(int argc, char** argv) {
     else Usage(("unknown option " + k).c_str());
   }
   if (a.vocab_from.empty() || a.out.empty()) Usage("--vocab-from and --out are required");
-  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "phi3" &&
+  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "smollm3" && a.arch != "phi3" &&
       a.arch != "gemma2")
-    Usage("--arch must be qwen3, qwen3moe, qwen2, llama, phi3 or gemma2");
+    Usage("--arch must be qwen3, qwen3moe, qwen2, llama, smollm3, phi3 or gemma2");
   if (a.experts_used > a.experts) Usage("--experts-used must be at most --experts");
   if (a.type != "f16" && a.type != "f32") Usage("--type must be f16 or f32");
   if (a.heads % a.kv_heads != 0) Usage("--heads must be a multiple of --kv-heads");
