@@ -221,6 +221,13 @@ def compare_position(ref: RefRecord, row: array.array) -> PositionResult:
         q_head += math.exp(lq)
     if ref.tail > 0.0:
         q_rest = 1.0 - q_head
+        if q_rest < 1e-9:
+            # 1 - q_head has lost q_rest's digits (a peaked row: its head holds all but ~1e-16 of
+            # the mass); sum the tail itself. Rare, so the extra pass over the row costs little.
+            rest = array.array("f", row)
+            for i in ref.ids:
+                rest[i] = -math.inf
+            q_rest = sum(map(math.exp, map((-log_z).__add__, rest)))
         kl = kl + ref.tail * math.log(ref.tail / q_rest) if q_rest > 0.0 else math.inf
     kl = max(kl, 0.0)  # Gibbs: >= 0; float32 log-probs leave ~1e-7 of noise around 0
 

@@ -48,6 +48,9 @@ LLAMA3_ARGS = ["--arch", "llama", "--layers", "2", "--d", "2048", "--heads", "32
 QWEN3MOE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--d", "1024", "--heads", "16", "--kv-heads", "4",
                  "--head-dim", "128", "--ff", "3072", "--experts", "16", "--experts-used", "4",
                  "--expert-ff", "768", "--rope-base", "1000000", "--tied", "--type", "f16", "--seed", "5"]
+# The same with output logits of standard deviation 6 (see SMOLLM3_ARGS) for the parity bars: at 4,
+# top-1 was 0.9876 at KL 3.9e-4, at 6 0.9973 / 6e-5 (reference) and 0.9978 / 8e-5 (fast).
+QWEN3MOE_PARITY_ARGS = QWEN3MOE_ARGS + ["--logit-sd", "6"]
 
 # SmolLM3-3B's widths (d 2048, 16 heads / 4 KV of 128, ff 11008, base 5e6, tied; Llama's block with
 # adjacent-pair RoPE), 4 layers, so the 4th is a NoPE layer (no rotary embedding: llama.cpp fixes
@@ -121,7 +124,7 @@ def _parity(model: Path, mererun_bin, work: Path, extra=()):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,args,top1", [("qwen3", QWEN3_ARGS, 0.99),
                                               ("llama3", LLAMA3_ARGS, 0.99),
-                                              ("qwen3moe", QWEN3MOE_ARGS, 0.98),
+                                              ("qwen3moe", QWEN3MOE_PARITY_ARGS, 0.99),
                                               ("phi3", PHI3_ARGS, 0.99),
                                               ("gemma2", GEMMA2_ARGS, 0.99),
                                               ("smollm3", SMOLLM3_ARGS, 0.99)])
@@ -129,8 +132,8 @@ def test_generated_family_matches_llamacpp(family, args, top1, model_path, merer
     """The reference path (FP32 activations on the F16 weights) against llama.cpp on the same
     file: the issue's bars, top-1 >= 0.99 and mean KL <= 1e-3. A wrong QK-norm, RoPE layout or
     frequency, GQA mapping, head size, router or expert layout moves the argmax at most positions.
-    MoE: measured top-1 0.9876 (KL 3.9e-4): the positions that disagree are rows whose 4th and
-    5th experts are nearly tied, where the two sides' rounding picks different experts."""
+    Every family at the same bar: the generated files' logits are spread enough that near-tied
+    argmaxes, which the two sides' rounding may order either way, are rare (docs/models.md)."""
     _prerequisites()
     model = _generated(args, model_path)
     r, summary = _parity(model, mererun_bin, tmp_path / "ref", ["--mererun-arg=--ref"])

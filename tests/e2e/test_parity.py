@@ -114,6 +114,22 @@ def test_kl_matches_direct_computation(tmp_path):
     assert r2["ref_tail_mass_mean"] > 0
 
 
+def test_peaked_rows_keep_a_finite_tail_term(tmp_path):
+    """A row whose top tokens hold all but ~1e-16 of the mass: 1 - (ours' head mass) rounds to 0
+    in double, which made the tail term ln(r / 0) = inf (a sd-6 generated model hit it). The tail
+    is then summed directly, and the KL is the coarsened one computed here independently."""
+    rng = random.Random(4)
+    ref = [[0.0, -1.0, -2.0] + [-40.0 + rng.gauss(0, 1) for _ in range(197)] for _ in range(3)]
+    ours = [[x + rng.gauss(0, 0.05) for x in row] for row in ref]
+    _write_pair(tmp_path, ref, ours, [3], k=3)
+    r = parity.compare_files("s", tmp_path / "ref.bin", tmp_path / "ours.mrlg", ["a"])
+    assert r["ref_tail_mass_mean"] > 0
+    assert math.isfinite(r["mean_kl"]) and r["n_nonfinite"] == 0
+    want = sum(_kl(p, q, ([0, 1, 2], list(range(3, 200)))) for p, q in zip(ref, ours)) / 3
+    assert r["mean_kl"] == pytest.approx(want, rel=1e-3)
+    assert r["verdict"] == "PASS"
+
+
 def test_disagreement_and_bad_values_fail(tmp_path):
     rng = random.Random(3)
     ref = [[rng.gauss(0, 1) for _ in range(50)] for _ in range(4)]
