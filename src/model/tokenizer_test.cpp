@@ -219,7 +219,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ModelCase{"SmolLM2-135M-Instruct.Q4_1.json", {"SmolLM2-135M-Instruct.Q4_1.gguf"}},
                       ModelCase{"gemma-3-270m-q4_k_m.json", {"gemma-3-270m-q4_k_m.gguf"}},
                       ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}},
-                      ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}}),
+                      ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}},
+                      // Vocabulary-only files from the npm tokenizer packages (scripts/hf_tokenizer_gguf.py,
+                      // which scripts/test.sh runs): Llama 3.x / SmolLM3 and Qwen3.
+                      ModelCase{"llama3.json", {"generated/tokenizer-llama3.gguf"}},
+                      ModelCase{"qwen3.json", {"generated/tokenizer-qwen3.gguf"}}),
     [](const ::testing::TestParamInfo<ModelCase>& info) {
       std::string n = info.param.names[0];
       for (char& c : n) {

@@ -59,6 +59,16 @@ const kGroups = [
       { name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", aliases: ["qwen15.gguf"] },
     ],
   },
+  // Vocabulary-only files written by scripts/hf_tokenizer_gguf.py from the npm tokenizer
+  // packages (Llama 3.x / SmolLM3, Qwen3), the families whose weights the registries lack.
+  {
+    fixture: "llama3",
+    files: [{ name: "generated/tokenizer-llama3.gguf", aliases: [] }],
+  },
+  {
+    fixture: "qwen3",
+    files: [{ name: "generated/tokenizer-qwen3.gguf", aliases: [] }],
+  },
 ];
 
 function parseArgs(argv) {
