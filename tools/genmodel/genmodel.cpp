@@ -17,10 +17,12 @@
 // (Llama 3.x rope scaling): llama31 is Llama 3.1's profile (factor 1 for high frequencies, 8 for
 // low ones, smooth in between), which changes nothing measurable over a short prompt; linear
 // runs from 1 (pair 0) to 8 (the last pair), so every pair's factor shows within a few tokens.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,8 +103,8 @@ Args Parse(int argc, char** argv) {
     else Usage(("unknown option " + k).c_str());
   }
   if (a.vocab_from.empty() || a.out.empty()) Usage("--vocab-from and --out are required");
-  if (a.arch != "qwen3" && a.arch != "qwen3moe" && a.arch != "qwen2" && a.arch != "llama" && a.arch != "smollm3" && a.arch != "phi3" &&
-      a.arch != "gemma2")
+  constexpr const char* kArchs[] = {"qwen3", "qwen3moe", "qwen2", "llama", "smollm3", "phi3", "gemma2"};
+  if (std::find(std::begin(kArchs), std::end(kArchs), a.arch) == std::end(kArchs))
     Usage("--arch must be qwen3, qwen3moe, qwen2, llama, smollm3, phi3 or gemma2");
   if (a.experts_used > a.experts) Usage("--experts-used must be at most --experts");
   if (a.type != "f16" && a.type != "f32") Usage("--type must be f16 or f32");
