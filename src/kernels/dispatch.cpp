@@ -108,7 +108,12 @@ constexpr KernelTable WithBf16Attention(KernelTable t, CpuVariant v, void (*atte
   t.attention_bf16 = true;
   return t;
 }
-constexpr KernelTable kAvx512Bf16 = WithBf16Attention(kAvx512, CpuVariant::kAvx512Bf16, &x86::AttentionGqaAvx512Bf16);
+constexpr KernelTable WithPairCopies(KernelTable t) {
+  t.kv_block_pairs = &x86::KvBlockPairsAvx512Bf16;
+  return t;
+}
+constexpr KernelTable kAvx512Bf16 =
+    WithPairCopies(WithBf16Attention(kAvx512, CpuVariant::kAvx512Bf16, &x86::AttentionGqaAvx512Bf16));
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
 // formats on AMX tiles (Q5_K and the float formats stay on AVX-512), and attention on AMX-BF16. An aggregate like the
 // others, so it is constant-initialized (no static-initialization order to depend on).

@@ -237,23 +237,53 @@ struct AttnCase {
   int64_t stride() const { return kKvHeads * hd; }
   int64_t q_stride() const { return n_q * hd + 5; }  // rows padded: strides are honoured
   // Runs rows [r0, r0 + n) of the case through the kernel into out (row stride q_stride()).
-  void Run(const KernelTable& k, int64_t r0, int64_t n, const int64_t* lo, const int64_t* hi, float* out) const {
+  // kp, vp, pair_blocks: AttnChunk's pair-word copies of the head's first blocks (none by default).
+  void Run(const KernelTable& k, int64_t r0, int64_t n, const int64_t* lo, const int64_t* hi, float* out,
+           const uint32_t* kp = nullptr, const uint32_t* vp = nullptr, int64_t pair_blocks = 0) const {
     std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(n, n_q, hd)));
-    const AttnChunk a{q.data() + r0 * q_stride(),
-                      q_stride(),
-                      n,
-                      n_q,
-                      hd,
-                      K.data() + kHead * hd,
-                      V.data() + kHead * hd,
-                      stride(),
-                      lo + r0,
-                      hi + r0,
-                      1.0f / std::sqrt(static_cast<float>(hd)),
-                      out + r0 * q_stride(),
-                      q_stride(),
-                      softcap};
+    AttnChunk a{q.data() + r0 * q_stride(),
+                q_stride(),
+                n,
+                n_q,
+                hd,
+                K.data() + kHead * hd,
+                V.data() + kHead * hd,
+                stride(),
+                lo + r0,
+                hi + r0,
+                1.0f / std::sqrt(static_cast<float>(hd)),
+                out + r0 * q_stride(),
+                q_stride(),
+                softcap};
+    a.kpairs = kp;
+    a.vpairs = vp;
+    a.pair_blocks = pair_blocks;
     k.attention(a, scratch.data());
+  }
+  // The head's full blocks of kAttnPairBlock positions in k.kv_block_pairs' words, block b at
+  // b * 16 * hd (KvCache::kp's layout), from K and V, or from K and V of `other` when given.
+  struct Pairs {
+    std::vector<uint32_t> kbuf, vbuf;
+    const uint32_t* k = nullptr;  // 64-byte aligned, inside kbuf / vbuf
+    const uint32_t* v = nullptr;
+    int64_t blocks = 0;
+  };
+  Pairs PairCopies(const KernelTable& k, const AttnCase* other = nullptr) const {
+    const AttnCase& src = other ? *other : *this;
+    Pairs p;
+    p.blocks = n_pos / kAttnPairBlock;
+    const int64_t words = 16 * hd;
+    p.kbuf.resize(static_cast<size_t>(p.blocks * words + 16));
+    p.vbuf.resize(p.kbuf.size());
+    uint32_t* kb = p.kbuf.data() + (-reinterpret_cast<uintptr_t>(p.kbuf.data()) / 4 & 15);
+    uint32_t* vb = p.vbuf.data() + (-reinterpret_cast<uintptr_t>(p.vbuf.data()) / 4 & 15);
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      const int64_t row = b * kAttnPairBlock * stride() + kHead * hd;
+      k.kv_block_pairs(src.K.data() + row, src.V.data() + row, stride(), hd, kb + b * words, vb + b * words);
+    }
+    p.k = kb;
+    p.v = vb;
+    return p;
   }
   // Whether kernel table k runs this head size on BF16 products (ops.h attention_bf16).
   bool Bf16(const KernelTable& k) const { return k.attention_bf16 && hd % 32 == 0 && hd <= 256; }
@@ -404,6 +434,38 @@ TEST_P(VariantTest, AttentionChunkRowsMatchAloneAndExact) {
           }
         }
       }
+    }
+  }
+}
+
+// The variants that keep pair-word copies of full cache blocks (KernelTable::kv_block_pairs):
+// rows read through the copies are bit-identical to rows that convert the blocks themselves, for
+// decode rows, chunks and windows that start and end inside blocks; copies of other K and V change
+// the result, so the kernel does read them.
+TEST_P(VariantTest, AttentionPairCopiesMatchConversion) {
+  const KernelTable& k = GetKernels(GetParam());
+  if (k.kv_block_pairs == nullptr) GTEST_SKIP() << CpuVariantName(GetParam()) << " keeps no pair copies";
+  for (int64_t hd : {32, 64, 128, 256}) {
+    for (auto [n_rows, p0, n_q, window] : {std::tuple<int64_t, int64_t, int64_t, bool>{1, 200, 7, false},
+                                           {1, 95, 6, false},
+                                           {8, 120, 3, false},
+                                           {33, 40, 2, false},
+                                           {5, 150, 3, true}}) {
+      const int64_t n_pos = p0 + n_rows;
+      const AttnCase c(hd, n_q, n_rows, n_pos, 41), other(hd, n_q, n_rows, n_pos, 43);
+      std::vector<int64_t> lo(n_rows), hi(n_rows);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        hi[r] = p0 + r + 1;
+        lo[r] = window ? hi[r] - 70 : 0;
+      }
+      const auto own = c.PairCopies(k), wrong = c.PairCopies(k, &other);
+      ASSERT_GE(own.blocks, 1);
+      std::vector<float> plain(static_cast<size_t>(n_rows * c.q_stride())), copies(plain.size()), bad(plain.size());
+      c.Run(k, 0, n_rows, lo.data(), hi.data(), plain.data());
+      c.Run(k, 0, n_rows, lo.data(), hi.data(), copies.data(), own.k, own.v, own.blocks);
+      c.Run(k, 0, n_rows, lo.data(), hi.data(), bad.data(), wrong.k, wrong.v, wrong.blocks);
+      ASSERT_EQ(plain, copies) << "hd " << hd << " rows " << n_rows << " at " << p0;
+      ASSERT_NE(plain, bad) << "hd " << hd << " rows " << n_rows << " at " << p0 << ": the copies are not read";
     }
   }
 }

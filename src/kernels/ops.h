@@ -67,7 +67,21 @@ struct AttnChunk {
   // Gemma 2's attention logit soft-capping: each scaled score s becomes softcap * tanh(s /
   // softcap) before the softmax; 0: none.
   float softcap = 0.0f;
+  // The KV head's blocks [0, pair_blocks) of kAttnPairBlock positions already in the pair words of
+  // KernelTable::kv_block_pairs, block b at kpairs / vpairs + b * 16 * hd (KvCache::kp, vp): a
+  // kernel that reads that layout uses them for its full blocks instead of converting k and v.
+  // Null / 0: none.
+  const uint32_t* kpairs = nullptr;
+  const uint32_t* vpairs = nullptr;
+  int64_t pair_blocks = 0;
 };
+
+// Cache positions per block of the pair-word layout (KernelTable::kv_block_pairs).
+constexpr int64_t kAttnPairBlock = 32;
+// Head sizes the BF16 attention kernels take (the others fall back to FP32 kernels).
+constexpr bool PairLayoutHeadSize(int64_t hd) {
+  return hd % 32 == 0 && hd <= 256;
+}
 
 struct KernelTable {
   CpuVariant variant;
@@ -103,6 +117,12 @@ struct KernelTable {
   void (*matmul_k_glu[kKFormats])(const KMatrix& gate, const KMatrix& up, const QActs& x, int64_t n_rows, GluAct act,
                                   float* y, int64_t ldy, int64_t t_begin, int64_t t_end);
   bool attention_bf16 = false;
+  // Null, or the conversion of kAttnPairBlock cache positions of one KV head (k, v: its slice of
+  // the block's first position, rows kv_stride elements apart) into the pair words the variant's
+  // attention kernel reads for head sizes with PairLayoutHeadSize (hd / 16 * 256 words each of kb
+  // and vb, 64-byte aligned): the fast path keeps such copies of full blocks (AttnChunk::kpairs).
+  void (*kv_block_pairs)(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, uint32_t* kb,
+                         uint32_t* vb) = nullptr;
 };
 
 // Largest block of cache positions any attention kernel uses (the scalar one; AVX2 uses 8,

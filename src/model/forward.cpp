@@ -202,6 +202,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
         kc[i] = F32ToBf16(kr[i]);
         vc[i] = F32ToBf16(vr[i]);
       }
+      kv.InvalidatePairs(l, pos);
     }
     ops.Attention(l, swa && c.sliding_window > 0, rows, n, q_.data(), h_.data());
     ops.Matmul(L.wo, h_.data(), n, tmp_.data());

@@ -47,6 +47,8 @@ class FastOps final : public ForwardOps {
  public:
   FastOps(const ModelConfig& cfg, ThreadPool& pool, const KernelTable& kernels, bool activation_sums)
       : c_(cfg), pool_(pool), k_(kernels), sums_(activation_sums) {
+    pair_full_.reserve(64);  // a decode step's new blocks need no allocation (one per sequence)
+    pair_jobs_.reserve(64);
     const int64_t hd = c_.head_dim, half = hd / 2;
     rope_inv_.resize(half);
     rope_inv_swa_.resize(half);
@@ -140,6 +142,8 @@ class FastOps final : public ForwardOps {
       hi_[t] = rows.pos[t] + 1;
       lo_[t] = swa ? std::max<int64_t>(0, rows.pos[t] - c_.sliding_window + 1) : 0;
     }
+    const bool pairs = k_.kv_block_pairs != nullptr && !swa && PairLayoutHeadSize(hd);
+    if (pairs) UpdatePairs(layer, rows, n);
     const int64_t scratch = AttentionScratchFloats(max_rows, group, hd);
     if (att_.size() < static_cast<size_t>(n_th * scratch)) att_.resize(static_cast<size_t>(n_th * scratch));
     const int64_t jobs = static_cast<int64_t>(chunks_.size()) * c_.n_head_kv;
@@ -148,24 +152,73 @@ class FastOps final : public ForwardOps {
       for (int64_t job = b; job < e; ++job) {
         const auto [t0, m] = chunks_[static_cast<size_t>(job / c_.n_head_kv)];
         const int64_t kh = job % c_.n_head_kv;
-        const KvCache& kv = *rows.kv[t0];
-        const AttnChunk a{q + t0 * q_dim + kh * group * hd,
-                          q_dim,
-                          m,
-                          group,
-                          hd,
-                          kv.k[layer].data() + kh * hd,
-                          kv.v[layer].data() + kh * hd,
-                          kv.kv_dim,
-                          lo_.data() + t0,
-                          hi_.data() + t0,
-                          c_.attn_scale,
-                          out + t0 * q_dim + kh * group * hd,
-                          q_dim,
-                          c_.attn_softcap};
+        KvCache& kv = *rows.kv[t0];
+        AttnChunk a{q + t0 * q_dim + kh * group * hd,
+                    q_dim,
+                    m,
+                    group,
+                    hd,
+                    kv.k[layer].data() + kh * hd,
+                    kv.v[layer].data() + kh * hd,
+                    kv.kv_dim,
+                    lo_.data() + t0,
+                    hi_.data() + t0,
+                    c_.attn_scale,
+                    out + t0 * q_dim + kh * group * hd,
+                    q_dim,
+                    c_.attn_softcap};
+        if (pairs) {
+          a.kpairs = kv.KPairs(layer) + kh * kv.PairBlockCount() * 16 * hd;
+          a.vpairs = kv.VPairs(layer) + kh * kv.PairBlockCount() * 16 * hd;
+          a.pair_blocks = kv.pair_blocks[static_cast<size_t>(layer)];
+        }
         k_.attention(a, sc);
       }
     });
+  }
+
+  // Brings each cache's pair-word copies of layer `layer` (KvCache::kp, vp) up to the full blocks
+  // the rows read, every row's K and V of this layer being in the cache by now: one job per (new
+  // block, KV head). A decode step then reads the blocks it has read before as they lie, where the
+  // kernel's own conversion (a transpose of K) cost more than the dot products with the few query
+  // heads of one row.
+  void UpdatePairs(int64_t layer, const ForwardRows& rows, int64_t n) {
+    const auto l = static_cast<size_t>(layer);
+    pair_full_.clear();  // per cache: the full blocks its rows read
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t full = (rows.pos[t] + 1) / kAttnPairBlock;
+      auto it =
+          std::find_if(pair_full_.begin(), pair_full_.end(), [&](const auto& p) { return p.first == rows.kv[t]; });
+      if (it == pair_full_.end()) {
+        pair_full_.emplace_back(rows.kv[t], full);
+      } else {
+        it->second = std::max(it->second, full);
+      }
+    }
+    pair_jobs_.clear();
+    for (const auto& [kv, full] : pair_full_) {
+      kv->AllocatePairs();
+      for (int64_t b = kv->pair_blocks[l]; b < full; ++b) pair_jobs_.emplace_back(kv, b);
+    }
+    if (pair_jobs_.empty()) return;
+    const int64_t hd = c_.head_dim, heads = c_.n_head_kv;
+    const auto run = [&](int64_t b, int64_t e, int) {
+      for (int64_t j = b; j < e; ++j) {
+        const auto [kv, blk] = pair_jobs_[static_cast<size_t>(j / heads)];
+        const int64_t kh = j % heads, kv_dim = kv->kv_dim;
+        const int64_t row = blk * kAttnPairBlock * kv_dim + kh * hd,
+                      words = (kh * kv->PairBlockCount() + blk) * 16 * hd;
+        k_.kv_block_pairs(kv->k[l].data() + row, kv->v[l].data() + row, kv_dim, hd, kv->KPairs(layer) + words,
+                          kv->VPairs(layer) + words);
+      }
+    };
+    const auto jobs = static_cast<int64_t>(pair_jobs_.size()) * heads;
+    if (jobs <= heads) {
+      run(0, jobs, 0);  // decode: one block every 32 steps, cheaper than a hand-off
+    } else {
+      pool_.ParallelForDynamic(jobs, 1, run);
+    }
+    for (const auto& [kv, full] : pair_full_) kv->pair_blocks[l] = std::max(kv->pair_blocks[l], full);
   }
 
   void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) override {
@@ -326,6 +379,8 @@ class FastOps final : public ForwardOps {
   std::vector<std::pair<int32_t, int32_t>> top_pairs_;    // (row, token) logits to recompute
   std::vector<int64_t> lo_, hi_;                          // (rows) the cache positions a row attends
   std::vector<std::pair<int64_t, int64_t>> chunks_;       // (first row, rows): attention chunks
+  std::vector<std::pair<KvCache*, int64_t>> pair_full_;   // (cache, full blocks its rows read)
+  std::vector<std::pair<KvCache*, int64_t>> pair_jobs_;   // (cache, block): pair copies to make
   std::vector<float> rope_inv_, rope_inv_swa_, rope_cs_;  // per-pair inverse frequencies; cos|sin
 };
 

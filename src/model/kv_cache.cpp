@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <new>
 
 #include "base/status.h"
@@ -58,13 +59,30 @@ size_t KvCache::bytes() const {
 }
 
 size_t KvCache::bytes_in_use() const {
-  return static_cast<size_t>(n_past) * static_cast<size_t>(kv_dim) * 2 * 2 * k.size();
+  size_t b = static_cast<size_t>(n_past) * static_cast<size_t>(kv_dim) * 2 * 2 * k.size();
+  for (const int64_t blocks : pair_blocks) b += static_cast<size_t>(blocks * kAttnPairBlock * kv_dim) * 2 * 2;
+  return b;
+}
+
+void KvCache::AllocatePairs() {
+  if (!pair_blocks.empty() || k.empty()) return;
+  const auto n = static_cast<size_t>(PairBlockCount() * kAttnPairBlock * kv_dim);
+  kp.reserve(k.size());
+  vp.reserve(k.size());
+  for (size_t l = 0; l < k.size(); ++l) {
+    kp.emplace_back(n);
+    vp.emplace_back(n);
+  }
+  pair_blocks.assign(k.size(), 0);
 }
 
 void KvCache::Release() {
   n_past = 0;
   for (auto& x : k) x.Release();
   for (auto& x : v) x.Release();
+  for (auto& x : kp) x.Release();
+  for (auto& x : vp) x.Release();
+  std::fill(pair_blocks.begin(), pair_blocks.end(), 0);
 }
 
 }  // namespace mr

@@ -2,9 +2,12 @@
 // anonymous mappings.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "kernels/ops.h"
 
 namespace mr {
 
@@ -43,11 +46,21 @@ class KvBuffer {
 
 // Per-sequence KV cache in BF16. k[l], v[l]: (n_ctx, n_head_kv * head_dim). Memory is lazy:
 // a position costs resident memory only once written. Movable, not copyable.
+//
+// kp[l], vp[l]: copies of layer l's full blocks of kAttnPairBlock positions in the pair words the
+// BF16 attention kernels read (KernelTable::kv_block_pairs, kernels/ops.h), so a decode step reads
+// each block as it lies instead of transposing it again for every call: KV head h's K (V) block
+// b starts at uint32 word (h * PairBlockCount() + b) * 16 * head_dim of KPairs(l) (VPairs(l)),
+// each head's blocks one stream. Blocks [0, pair_blocks[l]) are current. They are derived data: k and v stay what
+// everything else reads, and whoever writes rows of layer l from position p on calls InvalidatePairs(l, p). Empty until
+// the fast path first fills them (AllocatePairs).
 struct KvCache {
   int64_t n_ctx = 0;
   int64_t kv_dim = 0;
   int64_t n_past = 0;  // positions filled
   std::vector<KvBuffer> k, v;
+  std::vector<KvBuffer> kp, vp;
+  std::vector<int64_t> pair_blocks;
 
   KvCache() = default;
   KvCache(KvCache&&) noexcept = default;
@@ -57,8 +70,18 @@ struct KvCache {
 
   // A cache of n_layer layers of (n_ctx, kv_dim) rows, empty (n_past 0, no resident pages).
   static KvCache Allocate(int64_t n_layer, int64_t n_ctx, int64_t kv_dim);
-  size_t bytes() const;         // reserved (address space): n_ctx rows of every layer's k and v
-  size_t bytes_in_use() const;  // rows filled: n_past * kv_dim * 2 bytes * 2 (k, v) * n_layer
+  size_t bytes() const;  // reserved (address space): n_ctx rows of every layer's k and v
+  // Rows filled, n_past * kv_dim * 2 bytes * 2 (k, v) * n_layer, plus the current pair blocks.
+  size_t bytes_in_use() const;
+  // Reserves kp, vp (address space only) and marks no block current; no-op when already done.
+  void AllocatePairs();
+  // Rows of `layer` from position pos on changed: their pair blocks are no longer current.
+  void InvalidatePairs(int64_t layer, int64_t pos) {
+    if (!pair_blocks.empty()) pair_blocks[layer] = std::min(pair_blocks[layer], pos / kAttnPairBlock);
+  }
+  int64_t PairBlockCount() const { return (n_ctx + kAttnPairBlock - 1) / kAttnPairBlock; }
+  uint32_t* KPairs(int64_t layer) { return reinterpret_cast<uint32_t*>(kp[layer].data()); }
+  uint32_t* VPairs(int64_t layer) { return reinterpret_cast<uint32_t*>(vp[layer].data()); }
   // Empties the cache (n_past 0) and returns its pages to the OS; it stays usable.
   void Release();
 };

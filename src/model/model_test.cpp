@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <new>
+#include <optional>
 #include <random>
 
 #include "base/half.h"
@@ -1205,6 +1206,62 @@ TEST_P(TinyArchTest, KvCacheIsLazyAndReleaseKeepsItUsable) {
   KvCache moved = std::move(kv2);
   EXPECT_TRUE(KvRows(moved) == KvRows(kv));
   EXPECT_EQ(kv2.k.size(), 0u);
+  std::filesystem::remove(path);
+}
+
+// The pair-word copies of full cache blocks (KvCache::kp, vp) that the avx512bf16 attention reads:
+// after a rollback into a block and new tokens written over it (a rejected speculative draft), the
+// logits are bit-identical to a fresh cache fed the same tokens, so a stale copy is never read; and
+// a copy that is overwritten does change the next step, so the copies are what the step reads.
+TEST(KvPairCopies, FollowRollbackAndRewrite) {
+  std::optional<CpuVariant> pv;
+  for (CpuVariant v : kAllCpuVariants) {
+    if (GetKernels(v).kv_block_pairs != nullptr && CpuSupports(v)) pv = v;
+  }
+  if (!pv) GTEST_SKIP() << "no kernel variant with pair copies runs on this CPU (avx512bf16 needs AVX512-BF16)";
+  TinySpec s;
+  s.arch = "llama";  // head_dim 32: the BF16 kernel's pair layout
+  const std::string path = WriteTinyModel(s, 61);
+  auto m = LoadTiny(path, false, WeightMode::kNative, 0, *pv);
+  ASSERT_TRUE(m);
+  std::mt19937 rng(5);
+  std::vector<TokenId> a(100), b(60);
+  for (auto& t : a) t = static_cast<TokenId>(rng() % s.vocab);
+  for (auto& t : b) t = static_cast<TokenId>(rng() % s.vocab);
+  std::vector<float> logits(s.vocab);
+  // Decodes toks[from, to) one token a step into kv, the logits of every step appended to out.
+  auto decode = [&](KvCache& kv, const std::vector<TokenId>& toks, size_t from, size_t to, std::vector<float>* out) {
+    for (size_t i = from; i < to; ++i) {
+      ASSERT_TRUE(m->Forward(kv, &toks[i], 1, false, logits.data()).ok());
+      if (out) out->insert(out->end(), logits.begin(), logits.end());
+    }
+  };
+  KvCache kv = m->NewKvCache(160);
+  ASSERT_TRUE(m->Forward(kv, a.data(), 70, false, logits.data()).ok());
+  decode(kv, a, 70, 100, nullptr);
+  ASSERT_EQ(kv.pair_blocks.size(), static_cast<size_t>(s.n_layer));
+  for (int64_t blocks : kv.pair_blocks) EXPECT_EQ(blocks, 100 / kAttnPairBlock);
+  kv.n_past = 40;  // back into block 1 (positions 32..63), whose copy now holds a's tokens
+  std::vector<float> rewritten, fresh;
+  ASSERT_TRUE(m->Forward(kv, b.data(), 20, false, logits.data()).ok());
+  decode(kv, b, 20, 60, &rewritten);
+  KvCache kv2 = m->NewKvCache(160);
+  ASSERT_TRUE(m->Forward(kv2, a.data(), 40, false, logits.data()).ok());
+  ASSERT_TRUE(m->Forward(kv2, b.data(), 20, false, logits.data()).ok());
+  decode(kv2, b, 20, 60, &fresh);
+  EXPECT_EQ(rewritten, fresh);
+  for (int64_t blocks : kv.pair_blocks) EXPECT_EQ(blocks, 100 / kAttnPairBlock);
+  // Block 1's K copy of the last layer replaced by block 0's: the next step must see it.
+  const int64_t last = s.n_layer - 1;
+  for (int64_t h = 0; h < s.n_head_kv; ++h) {
+    uint32_t* head = kv.KPairs(last) + h * kv.PairBlockCount() * 16 * s.head_dim;
+    std::copy(head, head + 16 * s.head_dim, head + 16 * s.head_dim);
+  }
+  const TokenId next = 3;
+  std::vector<float> seen(s.vocab), want(s.vocab);
+  ASSERT_TRUE(m->Forward(kv, &next, 1, false, seen.data()).ok());
+  ASSERT_TRUE(m->Forward(kv2, &next, 1, false, want.data()).ok());
+  EXPECT_NE(seen, want) << "the step did not read the cache's pair copies";
   std::filesystem::remove(path);
 }
 

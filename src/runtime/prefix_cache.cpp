@@ -103,6 +103,7 @@ int64_t PrefixCache::Restore(std::span<const TokenId> tokens, int64_t max_len, i
         uint16_t* v = kv.v[l].data() + static_cast<size_t>(n) * row;
         std::memcpy(k + from * row, src + from * row, (rows - from * row) * sizeof(uint16_t));
         std::memcpy(v + from * row, src + rows + from * row, (rows - from * row) * sizeof(uint16_t));
+        kv.InvalidatePairs(l, n + from);
       }
     }
     parent = h;

@@ -249,7 +249,11 @@ def test_resource_headers_and_metrics(server, client, run_mererun):
     rss, kv, hwm = (int(h[f"x-mererun-{k}"]) for k in ("peak-rss-bytes", "kv-peak-bytes", "process-peak-rss-bytes"))
     n = msg.usage.input_tokens + msg.usage.cache_read_input_tokens + msg.usage.output_tokens
     # The last generated token is not fed back; drafts verified past the end may add a few rows.
-    assert (n - 1) * per_token <= kv <= (n + 16) * per_token, (kv, n, per_token)
+    # The avx512bf16 attention also keeps a pair-word copy of every full block of 32 rows
+    # (docs/architecture.md), as many bytes again for those rows.
+    def held(rows, copies):
+        return rows * per_token + (rows // 32 * 32 * per_token if copies else 0)
+    assert any(held(n - 1, c) <= kv <= held(n + 16, c) for c in (False, True)), (kv, n, per_token)
     assert 30e6 < rss <= hwm, (rss, hwm)  # the weights alone are ~100 MB in the file
     _, m = metrics(server)
     assert m[("mererun_request_kv_peak_bytes_max", frozenset())] >= kv

@@ -112,7 +112,7 @@ struct Bf16Pairs {
   }
 
   const mr::AttnChunk& a;
-  const uint32_t* kb;  // the block's K and V pair words (LoadKvBlockPairs)
+  const uint32_t* kb;  // the block's K and V pair words (LoadKvBlockPairs, or the cache's copy)
   const uint32_t* vb;
   const uint32_t* qb;  // per pair (row-major), the query in BF16 pair words
   PairAccumulateFn<uint32_t, uint32_t> accumulate;
@@ -157,10 +157,18 @@ void AttentionBf16(const mr::AttnChunk& a, float* scratch) {
       }
     }
   }
-  const Bf16Pairs k{a, kb, vb, qb, PickAccumulate<Bf16Pairs>(hd / 16)};
+  Bf16Pairs k{a, kb, vb, qb, PickAccumulate<Bf16Pairs>(hd / 16)};
   for (int64_t b0 = jmin / kBlock * kBlock; b0 < jmax; b0 += kBlock) {
     const int64_t j0 = std::max(b0, jmin) - b0, j1 = std::min(b0 + kBlock, jmax) - b0;
-    LoadKvBlockPairs(a, b0, j0, j1, kb, vb);
+    if (j0 == 0 && j1 == kBlock && b0 / kBlock < a.pair_blocks) {
+      // A full block the cache holds in pair words: the same words LoadKvBlockPairs would write.
+      k.kb = a.kpairs + b0 / kBlock * 16 * hd;
+      k.vb = a.vpairs + b0 / kBlock * 16 * hd;
+    } else {
+      LoadKvBlockPairs(a, b0, j0, j1, kb, vb);
+      k.kb = kb;
+      k.vb = vb;
+    }
     VisitBlock(a, b0, m, l, k);
   }
   FinishPairs(a, l);
@@ -171,8 +179,18 @@ void AttentionBf16(const mr::AttnChunk& a, float* scratch) {
 namespace mr::x86 {
 
 void AttentionGqaAvx512Bf16(const AttnChunk& a, float* scratch) {
-  if (a.hd % 32 != 0 || a.hd > 256) return AttentionGqaAvx512(a, scratch);
+  if (!mr::PairLayoutHeadSize(a.hd)) return AttentionGqaAvx512(a, scratch);
   AttentionBf16(a, scratch);
+}
+
+void KvBlockPairsAvx512Bf16(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, uint32_t* kb,
+                            uint32_t* vb) {
+  AttnChunk a{};
+  a.k = k;
+  a.v = v;
+  a.kv_stride = kv_stride;
+  a.hd = hd;
+  LoadKvBlockPairs(a, 0, 0, kBlock, kb, vb);
 }
 
 }  // namespace mr::x86

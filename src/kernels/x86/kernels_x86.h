@@ -16,7 +16,10 @@ void MatmulQ8GluAvx2(const QMatrix& gate, const QMatrix& up, const int8_t* xq, c
 void AttentionGqaAvx2(const AttnChunk& a, float* scratch);
 void AttentionGqaAvx512(const AttnChunk& a, float* scratch);
 void AttentionGqaAvx512Bf16(const AttnChunk& a, float* scratch);  // AVX512-BF16 (attention_bf16_avx512.cpp)
-void AttentionGqaAmx(const AttnChunk& a, float* scratch);         // AMX-BF16 (attention_amx_avx512.cpp)
+// KernelTable::kv_block_pairs of the avx512bf16 variant (LoadKvBlockPairs' words).
+void KvBlockPairsAvx512Bf16(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, uint32_t* kb,
+                            uint32_t* vb);
+void AttentionGqaAmx(const AttnChunk& a, float* scratch);  // AMX-BF16 (attention_amx_avx512.cpp)
 void QuantizeActsAvx2(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float* scales);
 void GluAvx2(const float* g, const float* u, int64_t n, GluAct act, float* out);
 
