@@ -304,6 +304,43 @@ inline __m512i FifthBitTable() {
                            0x10101000, 0x10101010);
 }
 
+// Rows 0..R-1's int32 dot products of a 32-input block: Add(lo, hi, a, i) adds u8 weight
+// vectors lo (inputs i..i+3) and hi (i+16..i+19) against each row's activations. Two sets of
+// accumulators (lo, hi) below 6 rows, so the vpdpbusd dependency chains stay short; one from 6 rows
+// on, where the rows give the parallelism and 8 rows' sums and accumulators still fit the
+// registers. Integer sums: exact in either order, so a row's result is the same at every count.
+template <int R>
+struct DotSets {
+  static constexpr bool kSplit = R < 6;
+  __m512i lo[R], hi[kSplit ? R : 1];
+  DotSets() {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) lo[r] = _mm512_setzero_si512();
+    if constexpr (kSplit) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) hi[r] = _mm512_setzero_si512();
+    }
+  }
+  [[gnu::always_inline]] void Add(__m512i wlo, __m512i whi, const ActRows& a, int64_t i) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      lo[r] = DpbusdBcast(lo[r], wlo, a.template X4<R>(i, r));
+      if constexpr (kSplit) {
+        hi[r] = DpbusdBcast(hi[r], whi, a.template X4<R>(i + 16, r));
+      } else {
+        lo[r] = DpbusdBcast(lo[r], whi, a.template X4<R>(i + 16, r));
+      }
+    }
+  }
+  [[gnu::always_inline]] __m512i Sum(int r) const {
+    if constexpr (kSplit) {
+      return _mm512_add_epi32(lo[r], hi[r]);
+    } else {
+      return lo[r];
+    }
+  }
+};
+
 struct Q50Scales {
   __m512 d;
   __m512i qh;
@@ -312,7 +349,7 @@ struct Q50Scales {
 struct Q50 {
   static constexpr KFormat kFormat = KFormat::kQ5_0;
   static constexpr int kHeadBytes = 96;  // d and qh, before the quants
-  static constexpr int kPassRows = 4;
+  static constexpr int kPassRows = 8;
   using Scales = Q50Scales;
 
   [[gnu::always_inline]] static void Decode(const uint8_t* blk, Q50Scales* m) {
@@ -322,15 +359,14 @@ struct Q50 {
 
   // The 5-bit quants (u8 in [0, 31]) against s8 activations with vpdpbusd, exact in int32
   // (|sum| <= 32 * 31 * 127); ggml's -16 offset is 16 * (scale * sum(x)) (QActs::sums32), so
-  // per (row, block): acc += d * (xs * sum - 16 * sums32). `mins` is unused.
+  // per (row, block): acc += d * (xs * sum - 16 * sums32). All the rows in one pass, so the
+  // quants are unpacked once per block (DotSets: the accumulators). `mins` is unused.
   template <int R>
   [[gnu::always_inline]] static void Pass(const uint8_t* blk, const Q50Scales& m, const ActRows& a, int64_t s,
                                           __m512* acc, __m512*) {
     const int64_t i0 = s * mr::kKBlock32;
     const __m512i m0f = _mm512_set1_epi8(0x0F), table = FifthBitTable();
-    __m512i ilo[R], ihi[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+    DotSets<R> dots;
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(blk + 96 + 64 * c);
@@ -338,15 +374,11 @@ struct Q50 {
           _mm512_or_si512(_mm512_and_si512(v, m0f), _mm512_permutexvar_epi32(_mm512_srli_epi32(m.qh, 4 * c), table));
       const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f),
                                          _mm512_permutexvar_epi32(_mm512_srli_epi32(m.qh, 16 + 4 * c), table));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        ilo[r] = DpbusdBcast(ilo[r], lo, a.template X4<R>(i0 + 4 * c, r));
-        ihi[r] = DpbusdBcast(ihi[r], hi, a.template X4<R>(i0 + 16 + 4 * c, r));
-      }
+      dots.Add(lo, hi, a, i0 + 4 * c);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      acc[r] = Q50BlockTail(_mm512_add_epi32(ilo[r], ihi[r]), a.Xs(r)[i0 / kActGroup], a.S32(r)[i0 / 32], m.d, acc[r]);
+      acc[r] = Q50BlockTail(dots.Sum(r), a.Xs(r)[i0 / kActGroup], a.S32(r)[i0 / 32], m.d, acc[r]);
     }
   }
 };
@@ -357,21 +389,14 @@ struct Q50 {
 template <int R>
 [[gnu::always_inline]] inline void NibbleDots(const uint8_t* q, const ActRows& a, int64_t i0, __m512i* dot) {
   const __m512i m0f = _mm512_set1_epi8(0x0F);
-  __m512i ilo[R], ihi[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) ilo[r] = ihi[r] = _mm512_setzero_si512();
+  DotSets<R> dots;
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(q + 64 * c);
-    const __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      ilo[r] = DpbusdBcast(ilo[r], lo, a.template X4<R>(i0 + 4 * c, r));
-      ihi[r] = DpbusdBcast(ihi[r], hi, a.template X4<R>(i0 + 16 + 4 * c, r));
-    }
+    dots.Add(_mm512_and_si512(v, m0f), _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f), a, i0 + 4 * c);
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(ilo[r], ihi[r]);
+  for (int r = 0; r < R; ++r) dot[r] = dots.Sum(r);
 }
 
 struct Q41Scales {
@@ -429,7 +454,7 @@ template <int kOffset>
 // Q8_0 and Q4_0's block head: the f16 d of the 16 rows.
 struct D16Block {
   static constexpr int kHeadBytes = 32;  // d, before the quants
-  static constexpr int kPassRows = 4;
+  static constexpr int kPassRows = 8;    // 8 rows' sums and accumulators fit the registers
   using Scales = D16Scales;
 
   [[gnu::always_inline]] static void Decode(const uint8_t* blk, D16Scales* m) {
