@@ -168,8 +168,8 @@ class FastOps final : public ForwardOps {
                     q_dim,
                     c_.attn_softcap};
         if (pairs) {
-          a.kpairs = kv.KPairs(layer) + kh * kv.PairBlockCount() * 16 * hd;
-          a.vpairs = kv.VPairs(layer) + kh * kv.PairBlockCount() * 16 * hd;
+          a.kpairs = kv.KPairs(layer, kh, hd);
+          a.vpairs = kv.VPairs(layer, kh, hd);
           a.pair_blocks = kv.pair_blocks[static_cast<size_t>(layer)];
         }
         k_.attention(a, sc);
@@ -206,10 +206,9 @@ class FastOps final : public ForwardOps {
       for (int64_t j = b; j < e; ++j) {
         const auto [kv, blk] = pair_jobs_[static_cast<size_t>(j / heads)];
         const int64_t kh = j % heads, kv_dim = kv->kv_dim;
-        const int64_t row = blk * kAttnPairBlock * kv_dim + kh * hd,
-                      words = (kh * kv->PairBlockCount() + blk) * 16 * hd;
-        k_.kv_block_pairs(kv->k[l].data() + row, kv->v[l].data() + row, kv_dim, hd, kv->KPairs(layer) + words,
-                          kv->VPairs(layer) + words);
+        const int64_t row = blk * kAttnPairBlock * kv_dim + kh * hd, word = blk * 16 * hd;
+        k_.kv_block_pairs(kv->k[l].data() + row, kv->v[l].data() + row, kv_dim, hd, kv->KPairs(layer, kh, hd) + word,
+                          kv->VPairs(layer, kh, hd) + word);
       }
     };
     const auto jobs = static_cast<int64_t>(pair_jobs_.size()) * heads;

@@ -49,11 +49,11 @@ class KvBuffer {
 //
 // kp[l], vp[l]: copies of layer l's full blocks of kAttnPairBlock positions in the pair words the
 // BF16 attention kernels read (KernelTable::kv_block_pairs, kernels/ops.h), so a decode step reads
-// each block as it lies instead of transposing it again for every call: KV head h's K (V) block
-// b starts at uint32 word (h * PairBlockCount() + b) * 16 * head_dim of KPairs(l) (VPairs(l)),
-// each head's blocks one stream. Blocks [0, pair_blocks[l]) are current. They are derived data: k and v stay what
-// everything else reads, and whoever writes rows of layer l from position p on calls InvalidatePairs(l, p). Empty until
-// the fast path first fills them (AllocatePairs).
+// each block as it lies instead of transposing it again for every call. KPairs(l, h, hd) is KV
+// head h's stream: its block b at word b * 16 * hd. Blocks [0, pair_blocks[l]) are current. They
+// are derived data: k and v stay what everything else reads, and whoever writes rows of layer l
+// from position p on calls InvalidatePairs(l, p). Empty until the fast path first fills them
+// (AllocatePairs).
 struct KvCache {
   int64_t n_ctx = 0;
   int64_t kv_dim = 0;
@@ -80,8 +80,12 @@ struct KvCache {
     if (!pair_blocks.empty()) pair_blocks[layer] = std::min(pair_blocks[layer], pos / kAttnPairBlock);
   }
   int64_t PairBlockCount() const { return (n_ctx + kAttnPairBlock - 1) / kAttnPairBlock; }
-  uint32_t* KPairs(int64_t layer) { return reinterpret_cast<uint32_t*>(kp[layer].data()); }
-  uint32_t* VPairs(int64_t layer) { return reinterpret_cast<uint32_t*>(vp[layer].data()); }
+  // KV head h's pair blocks of layer `layer` (head size hd), block b at word b * 16 * hd.
+  uint32_t* KPairs(int64_t layer, int64_t h, int64_t hd) { return PairStream(kp, layer, h, hd); }
+  uint32_t* VPairs(int64_t layer, int64_t h, int64_t hd) { return PairStream(vp, layer, h, hd); }
+  uint32_t* PairStream(std::vector<KvBuffer>& b, int64_t layer, int64_t h, int64_t hd) {
+    return reinterpret_cast<uint32_t*>(b[layer].data()) + h * PairBlockCount() * 16 * hd;
+  }
   // Empties the cache (n_past 0) and returns its pages to the OS; it stays usable.
   void Release();
 };

@@ -1254,7 +1254,7 @@ TEST(KvPairCopies, FollowRollbackAndRewrite) {
   // Block 1's K copy of the last layer replaced by block 0's: the next step must see it.
   const int64_t last = s.n_layer - 1;
   for (int64_t h = 0; h < s.n_head_kv; ++h) {
-    uint32_t* head = kv.KPairs(last) + h * kv.PairBlockCount() * 16 * s.head_dim;
+    uint32_t* head = kv.KPairs(last, h, s.head_dim);
     std::copy(head, head + 16 * s.head_dim, head + 16 * s.head_dim);
   }
   const TokenId next = 3;
