@@ -59,8 +59,16 @@ Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
 }
 
 Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
-  const BatchSeq one{&kv, tokens, n, all_logits};
-  return ForwardBatch(std::span<const BatchSeq>(&one, 1), logits);
+  const BatchSeq all{&kv, tokens, n, all_logits};
+  MR_RETURN_IF_ERROR(CheckBatch(std::span<const BatchSeq>(&all, 1)));
+  // Earlier passes of a last-row-only call need no logits: only the last pass computes them.
+  for (int64_t r0 = 0; r0 < n; r0 += kForwardChunk) {
+    const int64_t m = std::min(kForwardChunk, n - r0);
+    const BatchSeq part{&kv, tokens + r0, m, all_logits};
+    float* out = all_logits ? logits + r0 * cfg_.n_vocab : (r0 + m == n ? logits : nullptr);
+    RunBatch(std::span<const BatchSeq>(&part, 1), out);
+  }
+  return Status::Ok();
 }
 
 // Mixture of experts (qwen3moe, as llama.cpp's build_moe_ffn with softmax gating and normalized
@@ -129,6 +137,11 @@ void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out)
 // row's numbers do not depend on the batch it is in.
 Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
   MR_RETURN_IF_ERROR(CheckBatch(seqs));
+  RunBatch(seqs, logits);
+  return Status::Ok();
+}
+
+void Model::RunBatch(std::span<const BatchSeq> seqs, float* logits) {
   const ModelConfig& c = cfg_;
   ForwardOps& ops = *ops_;
   int64_t n = 0, n_out = 0;
@@ -227,7 +240,7 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
 
   // Output norm and matmul only on the rows whose logits are wanted, gathered contiguously in
   // sequence order: every row of an all_logits sequence, the last row of the others.
-  {
+  if (logits != nullptr) {
     int64_t r = 0, o = 0;
     for (const BatchSeq& s : seqs) {
       for (int64_t t = s.all_logits ? 0 : s.n - 1; t < s.n; ++t, ++o) {
@@ -235,14 +248,13 @@ Status Model::ForwardBatch(std::span<const BatchSeq> seqs, float* logits) {
       }
       r += s.n;
     }
-  }
-  ops.Logits(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, (fine_acts_ & kActTop) != 0, logits);
-  if (c.final_softcap > 0) {  // gemma2
-    const float cap = c.final_softcap;
-    for (int64_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+    ops.Logits(c.tied_embeddings ? w_.tok_embd : w_.output, h_.data(), n_out, (fine_acts_ & kActTop) != 0, logits);
+    if (c.final_softcap > 0) {  // gemma2
+      const float cap = c.final_softcap;
+      for (int64_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+    }
   }
   for (const BatchSeq& s : seqs) s.kv->n_past += s.n;
-  return Status::Ok();
 }
 
 }  // namespace mr

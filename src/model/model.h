@@ -178,8 +178,11 @@ class Model {
 
   // Run tokens[0..n) at positions kv.n_past .. kv.n_past+n-1, appending to the cache.
   // logits: if all_logits, (n, n_vocab) for every row; else (n_vocab) for the last row.
-  // Fails (without touching the cache) when the context would overflow. ForwardBatch of one.
+  // Fails (without touching the cache) when the context would overflow. ForwardBatch of one,
+  // run in passes of at most kForwardChunk rows, so the workspaces (which grow with the rows of
+  // a pass) stay bounded however long the prompt; the numbers are the same as in one pass.
   Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits);
+  static constexpr int64_t kForwardChunk = 512;
 
   // Several sequences in one pass (batched decode, prefill chunks and verify rows together):
   // every weight matrix is applied once to the rows of all sequences. seqs[i] runs
@@ -206,6 +209,8 @@ class Model {
   Status LoadExperts(const std::string& name, int64_t rows, int64_t cols, bool allow_native,
                      std::vector<WeightMatrix>* out);
   Status CheckBatch(std::span<const BatchSeq> seqs) const;
+  // ForwardBatch after CheckBatch; logits == nullptr skips the output norm and matmul.
+  void RunBatch(std::span<const BatchSeq> seqs, float* logits);
   // out (n, d_model) = the mixture-of-experts FFN of the normed rows x (n, d_model).
   void MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out);
 

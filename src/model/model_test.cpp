@@ -367,6 +367,42 @@ TEST_P(TinyArchTest, IncrementalDecodeEqualsBatchedForward) {
   std::filesystem::remove(path);
 }
 
+// Forward runs a long call in passes of kForwardChunk rows (bounded workspaces): the logits of
+// every row, and of the last row alone, must be those of calls that each fit in one pass.
+TEST(Forward, CallsLongerThanOnePassGiveTheSameLogits) {
+  TinySpec s;
+  s.arch = "qwen2";
+  const std::string path = WriteTinyModel(s, 19);
+  auto m = LoadTiny(path, false);
+  ASSERT_TRUE(m);
+  const int64_t n = 2 * Model::kForwardChunk + 37, V = s.vocab, piece = 300;
+  static_assert(piece < Model::kForwardChunk);
+  std::mt19937 rng(3);
+  std::vector<TokenId> toks(static_cast<size_t>(n));
+  for (auto& t : toks) t = static_cast<TokenId>(rng() % s.vocab);
+  KvCache kv1 = m->NewKvCache(n);
+  std::vector<float> all(static_cast<size_t>(n * V));
+  ASSERT_TRUE(m->Forward(kv1, toks.data(), n, true, all.data()).ok());
+  EXPECT_EQ(kv1.n_past, n);
+  KvCache kv2 = m->NewKvCache(n);
+  std::vector<float> pieces(static_cast<size_t>(n * V));
+  for (int64_t r0 = 0; r0 < n; r0 += piece) {
+    const int64_t k = std::min(piece, n - r0);
+    ASSERT_TRUE(m->Forward(kv2, toks.data() + r0, k, true, pieces.data() + r0 * V).ok());
+  }
+  EXPECT_EQ(MaxAbsDiff(all, pieces), 0.0);
+  KvCache kv3 = m->NewKvCache(n);
+  std::vector<float> last(static_cast<size_t>(V));
+  ASSERT_TRUE(m->Forward(kv3, toks.data(), n, false, last.data()).ok());
+  EXPECT_EQ(kv3.n_past, n);
+  EXPECT_EQ(MaxAbsDiff(last, std::vector<float>(all.end() - V, all.end())), 0.0);
+  // An overflowing call is refused before any pass runs: the cache is untouched.
+  KvCache kv4 = m->NewKvCache(n - 1);
+  EXPECT_FALSE(m->Forward(kv4, toks.data(), n, false, last.data()).ok());
+  EXPECT_EQ(kv4.n_past, 0);
+  std::filesystem::remove(path);
+}
+
 TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   TinySpec s;
   s.arch = GetParam();
