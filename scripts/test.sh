@@ -15,6 +15,9 @@ build/bin/mererun pull "${MODELS[@]}" || { echo "[test] model pull failed" >&2; 
 # Vocabulary-only GGUFs of the Llama 3 and Qwen3 tokenizers (npm packages, installed by setup.sh)
 # for the tokenizer tests: about a second.
 python3 scripts/hf_tokenizer_gguf.py --all || { echo "[test] tokenizer conversion failed" >&2; exit 1; }
+# llama.cpp's own vocabulary-only GGUFs of the Phi-3 and Llama 2 SentencePiece tokenizers, from the
+# llama-cpp-python sdist on PyPI (pinned, checked by SHA-256; 77 MB once, then nothing).
+python3 scripts/llamacpp_vocab.py || { echo "[test] llama.cpp vocabulary download failed" >&2; exit 1; }
 
 failed=()
 jobs="${MERERUN_JOBS:-2}"

@@ -217,6 +217,37 @@ void DetectSpecialByName(Vocab* v) {
   }
 }
 
+// llama.cpp's per-model strip attributes (llama_vocab::impl::load, "set attributes by
+// model/tokenizer/architecture name"), which GGUF files do not carry: the <mask> of the Jina v2
+// and nomic-bert-moe / jina-bert-v3 tokenizers strips the whitespace before it; in Phi-3
+// (general.name containing "phi-3" or "phi3", any case) every special token but <unk>, <s> and
+// <|endoftext|>, and </s>, strip the whitespace after them. Runs after the special tokens are
+// known (they are special_by_length).
+void SetStripAttributes(const gguf::GgufFile& file, Vocab* v) {
+  auto key = [&](const char* k) { return file.GetString(k).value_or(std::string()); };
+  auto contains_any = [](const std::string& s, std::initializer_list<const char*> subs) {
+    for (const char* x : subs) {
+      if (s.find(x) != std::string::npos) return true;
+    }
+    return false;
+  };
+  auto set = [&](const char* text, uint16_t bit, bool on) {
+    const TokenId id = v->Find(text);
+    if (id == -1) return;
+    v->tokens[id].attr = static_cast<uint16_t>(on ? v->tokens[id].attr | bit : v->tokens[id].attr & ~bit);
+  };
+  std::string name = key("general.name");
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (contains_any(key("tokenizer.ggml.pre"), {"jina-v2-de", "jina-v2-es", "jina-v2-code"}) ||
+      contains_any(key("general.architecture"), {"nomic-bert-moe", "jina-bert-v3"})) {
+    set("<mask>", kAttrLStrip, true);
+  } else if (contains_any(name, {"phi-3", "phi3"})) {
+    for (TokenId id : v->special_by_length) v->tokens[id].attr |= kAttrRStrip;
+    set("</s>", kAttrRStrip, true);
+    for (const char* t : {"<unk>", "<s>", "<|endoftext|>"}) set(t, kAttrRStrip, false);
+  }
+}
+
 void BuildSpecialIndex(Vocab* v) {
   const TokenId n = static_cast<TokenId>(v->tokens.size());
   for (TokenId id = 0; id < n; ++id) {
@@ -362,10 +393,16 @@ Result<std::unique_ptr<Vocab>> LoadVocab(const gguf::GgufFile& file) {
         std::to_string(special_bytes) + " bytes of text, expected at most " + std::to_string(kMaxSpecialBytes));
   }
   BuildSpecialIndex(v.get());
+  SetStripAttributes(file, v.get());
   return v;
 }
 
 namespace {
+
+// C isspace in the "C" locale, which llama.cpp's strip attributes use.
+bool IsStripSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
 
 // Whether [begin, end) overlaps any of the sorted, disjoint spans.
 bool OverlapsAny(const std::vector<TextSpan>& spans, size_t begin, size_t end) {
@@ -421,9 +458,17 @@ std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text
           from = match + 1;  // content spelling a control token stays text
           continue;
         }
-        if (match > pos) next.push_back({-1, f.offset + pos, match - pos});
+        size_t left = match - pos;  // text before the token, less what LSTRIP drops
+        if (t.attr & kAttrLStrip) {
+          while (left > 0 && IsStripSpace(raw[pos + left - 1])) --left;
+        }
+        if (left > 0) next.push_back({-1, f.offset + pos, left});
         next.push_back({id, 0, 0});
-        pos = from = match + t.text.size();
+        pos = match + t.text.size();
+        if (t.attr & kAttrRStrip) {
+          while (pos < raw.size() && IsStripSpace(raw[pos])) ++pos;
+        }
+        from = pos;
       }
       if (pos < raw.size()) next.push_back({-1, f.offset + pos, raw.size() - pos});
     }

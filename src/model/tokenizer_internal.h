@@ -28,6 +28,11 @@ enum AttrBits : uint16_t {
   kAttrControl = 1 << 3,
   kAttrUserDefined = 1 << 4,
   kAttrByte = 1 << 5,
+  // Whitespace next to the token is dropped when the special-token partition splits text around
+  // it: before it (LSTRIP) or after it (RSTRIP). Not in GGUF files: set per model by name, as
+  // llama.cpp does (SetStripAttributes).
+  kAttrLStrip = 1 << 7,
+  kAttrRStrip = 1 << 8,
 };
 
 struct TokenData {

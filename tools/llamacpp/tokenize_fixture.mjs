@@ -69,6 +69,16 @@ const kGroups = [
     fixture: "qwen3",
     files: [{ name: "generated/tokenizer-qwen3.gguf", aliases: [] }],
   },
+  // llama.cpp's own vocabulary-only files of SentencePiece tokenizers (scripts/llamacpp_vocab.py,
+  // from the llama-cpp-python sdist): Phi-3's and Llama 2's, with their piece scores.
+  {
+    fixture: "phi3",
+    files: [{ name: "generated/tokenizer-phi3.gguf", aliases: [] }],
+  },
+  {
+    fixture: "llama-spm",
+    files: [{ name: "generated/tokenizer-llama-spm.gguf", aliases: [] }],
+  },
 ];
 
 function parseArgs(argv) {
