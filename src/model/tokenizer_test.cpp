@@ -104,14 +104,12 @@ class TokenizerFixtureTest : public ::testing::TestWithParam<ModelCase> {
     ASSERT_TRUE(l.error.empty()) << l.error;
     fixture_ = &l.fixture;
     tok_ = l.tok.get();
-    path_ = path;
   }
 
   const json& fixture() const { return *fixture_; }
 
   const json* fixture_ = nullptr;
   const Tokenizer* tok_ = nullptr;
-  std::string path_;  // the model file
 };
 
 TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
@@ -135,35 +133,6 @@ TEST_P(TokenizerFixtureTest, IdsMatchLlamaCpp) {
   EXPECT_EQ(mismatches, 0u) << GetParam() << ": " << mismatches << " of " << cases.size()
                             << " cases differ from llama.cpp (" << n_plain << " plain, " << n_special
                             << " parse_special)" << report;
-}
-
-// llama.cpp's own tokenizer test vectors, where scripts/llamacpp_vocab.py left them beside the
-// vocabulary file: FILE.inp holds strings separated by "\n__ggml_vocab_test__\n" lines, FILE.out
-// one line of reference ids per string (Hugging Face's tokenizer, without BOS): an oracle apart
-// from node-llama-cpp's fixture.
-TEST_P(TokenizerFixtureTest, LlamaCppTestVectorsMatch) {
-  const std::string inp = ReadText(path_ + ".inp"), out = ReadText(path_ + ".out");
-  if (inp.empty() || out.empty()) GTEST_SKIP() << "no llama.cpp test vectors beside " << path_;
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> texts;
-  for (size_t b = 0;;) {
-    const size_t e = inp.find(sep, b);
-    if (e == std::string::npos) break;  // the file ends with a separator
-    texts.push_back(inp.substr(b, e - b));
-    b = e + sep.size();
-  }
-  std::vector<std::vector<TokenId>> ids;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream words(line);
-    ids.emplace_back();
-    for (TokenId id; words >> id;) ids.back().push_back(id);
-  }
-  ASSERT_GE(texts.size(), 40u);
-  ASSERT_EQ(texts.size(), ids.size());
-  for (size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(Show(tok_->Encode(texts[i], false, false)), Show(ids[i])) << "text " << json(texts[i]).dump();
-  }
 }
 
 TEST_P(TokenizerFixtureTest, DecodeMatchesLlamaCppAndRoundTrips) {
@@ -273,6 +242,50 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// llama.cpp's own tokenizer test vectors, which scripts/llamacpp_vocab.py leaves beside the
+// vocabulary files it fetches: FILE.inp holds strings separated by "\n__ggml_vocab_test__\n"
+// lines, FILE.out one line of reference ids per string (Hugging Face's tokenizer, without BOS): an
+// oracle apart from node-llama-cpp's fixtures.
+class TokenizerVectorsTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenizerVectorsTest, LlamaCppTestVectorsMatch) {
+  const std::string path = FindModelFile(GetParam());
+  if (path.empty()) GTEST_SKIP() << "model file " << GetParam() << " not found (scripts/llamacpp_vocab.py)";
+  const std::string inp = ReadText(path + ".inp"), out = ReadText(path + ".out");
+  ASSERT_FALSE(inp.empty() || out.empty()) << "no llama.cpp test vectors beside " << path;
+  auto file = gguf::GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto tok_or = Tokenizer::FromGguf(*file.value());
+  ASSERT_TRUE(tok_or.ok()) << tok_or.status().message();
+  const Tokenizer& tok = *tok_or.value();
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (size_t b = 0;;) {
+    const size_t e = inp.find(sep, b);
+    if (e == std::string::npos) break;  // the file ends with a separator
+    texts.push_back(inp.substr(b, e - b));
+    b = e + sep.size();
+  }
+  std::vector<std::vector<TokenId>> ids;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    ids.emplace_back();
+    for (TokenId id; words >> id;) ids.back().push_back(id);
+  }
+  ASSERT_GE(texts.size(), 40u);
+  ASSERT_EQ(texts.size(), ids.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(Show(tok.Encode(texts[i], false, false)), Show(ids[i])) << "text " << json(texts[i]).dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SentencePiece, TokenizerVectorsTest,
+                         ::testing::Values("generated/tokenizer-phi3.gguf", "generated/tokenizer-llama-spm.gguf"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.index == 0 ? "phi3" : "llama_spm");
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Unit tests without model files.
@@ -426,18 +439,36 @@ TEST(TokenizerUnitTest, CleanSpacesForGpt2Pre) {
   EXPECT_EQ(tok.Decode(ids, false), "a? b'c's're 't");
 }
 
-TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
+// A SentencePiece vocabulary for the unit tests: <unk>, <s>, </s> and the 256 byte tokens, then
+// what Add appends; Write puts it into a GGUF writer.
+struct TinySpm {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<float> scores = {0, 0, 0};
   std::vector<int32_t> types = {2, 3, 3};
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    tokens.push_back(name);
-    scores.push_back(0);
-    types.push_back(6);
+  TinySpm() {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      Add(name, 0, 6);
+    }
   }
-  const TokenId base = static_cast<TokenId>(tokens.size());
+  TokenId Add(const std::string& text, float score, int32_t type) {
+    tokens.push_back(text);
+    scores.push_back(score);
+    types.push_back(type);
+    return static_cast<TokenId>(tokens.size() - 1);
+  }
+  void Write(gguf::GgufWriter& w) const {
+    w.SetString("tokenizer.ggml.model", "llama");
+    w.SetArrayStr("tokenizer.ggml.tokens", tokens);
+    w.SetArrayF32("tokenizer.ggml.scores", scores);
+    w.SetArrayI32("tokenizer.ggml.token_type", types);
+  }
+};
+
+TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
+  TinySpm v;
+  const TokenId base = static_cast<TokenId>(v.tokens.size());
   const std::vector<std::pair<std::string, float>> pieces = {{"\xe2\x96\x81", -1},
                                                              {"a", -2},
                                                              {"b", -2},
@@ -445,16 +476,9 @@ TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
                                                              {"\xe2\x96\x81"
                                                               "ab",
                                                               -0.5f}};
-  for (const auto& [t, s] : pieces) {
-    tokens.push_back(t);
-    scores.push_back(s);
-    types.push_back(1);
-  }
+  for (const auto& [t, sc] : pieces) v.Add(t, sc, 1);
   gguf::GgufWriter w;
-  w.SetString("tokenizer.ggml.model", "llama");
-  w.SetArrayStr("tokenizer.ggml.tokens", tokens);
-  w.SetArrayF32("tokenizer.ggml.scores", scores);
-  w.SetArrayI32("tokenizer.ggml.token_type", types);
+  v.Write(w);
   std::vector<uint8_t> storage;
   auto file = TinyGguf(w, &storage);
   auto tok_or = Tokenizer::FromGguf(*file);
@@ -477,33 +501,13 @@ TEST(TokenizerUnitTest, TinySpmScoresAndByteFallback) {
 // special token (but <s>, <unk>, <|endoftext|>) is dropped when parse_special splits around it;
 // under another name it stays, and content spelling the token is never touched.
 TEST(TokenizerUnitTest, Phi3SpecialTokensStripTheWhitespaceAfterThem) {
-  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-  std::vector<float> scores = {0, 0, 0};
-  std::vector<int32_t> types = {2, 3, 3};
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    tokens.push_back(name);
-    scores.push_back(0);
-    types.push_back(6);
-  }
-  const TokenId kSpace = static_cast<TokenId>(tokens.size()), kX = kSpace + 1, kEnd = kSpace + 2, kEot = kSpace + 3;
-  for (const char* t : {"\xe2\x96\x81", "x"}) {
-    tokens.push_back(t);
-    scores.push_back(-1);
-    types.push_back(1);
-  }
-  tokens.push_back("<|end|>");
-  tokens.push_back("<|endoftext|>");
-  scores.insert(scores.end(), {0, 0});
-  types.insert(types.end(), {3, 3});
+  TinySpm v;
+  const TokenId kSpace = v.Add("\xe2\x96\x81", -1, 1), kX = v.Add("x", -1, 1), kEnd = v.Add("<|end|>", 0, 3),
+                kEot = v.Add("<|endoftext|>", 0, 3);
   for (const char* name : {"Phi3", "Phi 3 mini"}) {
     gguf::GgufWriter w;
     w.SetString("general.name", name);
-    w.SetString("tokenizer.ggml.model", "llama");
-    w.SetArrayStr("tokenizer.ggml.tokens", tokens);
-    w.SetArrayF32("tokenizer.ggml.scores", scores);
-    w.SetArrayI32("tokenizer.ggml.token_type", types);
+    v.Write(w);
     w.SetBool("tokenizer.ggml.add_space_prefix", false);
     std::vector<uint8_t> storage;
     auto file = TinyGguf(w, &storage);
