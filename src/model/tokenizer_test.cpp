@@ -53,6 +53,14 @@ std::string Show(const std::vector<TokenId>& ids) {
   return s;
 }
 
+// A model file name as a test name: every character but letters and digits becomes '_'.
+std::string TestName(std::string n) {
+  for (char& c : n) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
 struct ModelCase {
   const char* fixture;             // file in tests/fixtures/tokenizer/
   std::vector<const char*> names;  // catalog name first, then development aliases
@@ -235,13 +243,7 @@ INSTANTIATE_TEST_SUITE_P(
                       // which scripts/test.sh runs): Phi-3 and Llama 2, with their piece scores.
                       ModelCase{"phi3.json", {"generated/tokenizer-phi3.gguf"}},
                       ModelCase{"llama-spm.json", {"generated/tokenizer-llama-spm.gguf"}}),
-    [](const ::testing::TestParamInfo<ModelCase>& info) {
-      std::string n = info.param.names[0];
-      for (char& c : n) {
-        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return n;
-    });
+    [](const ::testing::TestParamInfo<ModelCase>& info) { return TestName(info.param.names[0]); });
 
 // llama.cpp's own tokenizer test vectors, which scripts/llamacpp_vocab.py leaves beside the
 // vocabulary files it fetches: FILE.inp holds strings separated by "\n__ggml_vocab_test__\n"
@@ -283,9 +285,7 @@ TEST_P(TokenizerVectorsTest, LlamaCppTestVectorsMatch) {
 
 INSTANTIATE_TEST_SUITE_P(SentencePiece, TokenizerVectorsTest,
                          ::testing::Values("generated/tokenizer-phi3.gguf", "generated/tokenizer-llama-spm.gguf"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.index == 0 ? "phi3" : "llama_spm");
-                         });
+                         [](const ::testing::TestParamInfo<const char*>& info) { return TestName(info.param); });
 
 // ---------------------------------------------------------------------------------------------
 // Unit tests without model files.

@@ -34,8 +34,9 @@ VOCAB_MODEL = "qwen2.5-coder-0.5b-instruct"  # the Qwen2.5 tokenizer (gemma2: Ge
 # Phi-3's SentencePiece vocabulary (32,064 tokens, with scores) is llama.cpp's own vocabulary-only file
 # (scripts/llamacpp_vocab.py, from the llama-cpp-python sdist on PyPI).
 OWN_VOCAB = {"llama": "llama3", "qwen3": "qwen3", "qwen3moe": "qwen3", "phi3": "phi3"}
-# The script that writes each generated vocabulary.
-VOCAB_SCRIPT = {"phi3": "llamacpp_vocab.py"}
+# The script (and arguments) that writes each generated vocabulary; the rest come from the npm packages.
+VOCAB_SCRIPT = {"phi3": ["llamacpp_vocab.py"]}
+NPM_VOCAB_SCRIPT = ["hf_tokenizer_gguf.py", "--all"]
 
 # Qwen3-0.6B's widths (d 1024, 16 query heads and 8 KV heads of 128: q_dim 2048 != d, QK-norm,
 # NeoX RoPE with base 1e6, tied embeddings), fewer layers so the reference path stays quick.
@@ -101,9 +102,8 @@ def _vocab(arch: str, model_path) -> Path:
         return Path(model_path(VOCAB_MODEL))
     vocab = model_cache_dir() / "generated" / f"tokenizer-{OWN_VOCAB[arch]}.gguf"
     if not vocab.is_file():  # scripts/test.sh writes them; a run of this file alone may not have
-        script = VOCAB_SCRIPT.get(OWN_VOCAB[arch], "hf_tokenizer_gguf.py")
-        r = subprocess.run(["python3", str(REPO / "scripts" / script),
-                            *(["--all"] if script == "hf_tokenizer_gguf.py" else [])],
+        script, *script_args = VOCAB_SCRIPT.get(OWN_VOCAB[arch], NPM_VOCAB_SCRIPT)
+        r = subprocess.run(["python3", str(REPO / "scripts" / script), *script_args],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
     return vocab
