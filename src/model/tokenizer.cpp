@@ -52,7 +52,7 @@ Status ApplyBpePre(Vocab* v) {
   v->clean_spaces = true;
   if (OneOf(pre, {"gpt-2", "phi-2", "starcoder", "refact"})) {
     // clean_spaces stays on
-  } else if (OneOf(pre, {"smollm", "command-r", "qwen2", "deepseek-r1-qwen"})) {
+  } else if (OneOf(pre, {"smollm", "command-r", "qwen2", "deepseek-r1-qwen", "gpt-4o"})) {
     v->clean_spaces = false;
   } else if (OneOf(pre, {"llama3", "llama-v3", "llama-bpe", "falcon3"})) {
     v->ignore_merges = true;
@@ -60,7 +60,7 @@ Status ApplyBpePre(Vocab* v) {
   } else {
     return Unsupported("[tokenizer] unsupported pre-tokenizer 'tokenizer.ggml.pre' = '" + pre +
                        "' (supported: gpt-2, phi-2, starcoder, refact, smollm, command-r, qwen2, "
-                       "deepseek-r1-qwen, llama3, llama-bpe, falcon3)");
+                       "deepseek-r1-qwen, llama3, llama-bpe, falcon3, gpt-4o)");
   }
   return Status::Ok();
 }

@@ -198,6 +198,8 @@ Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(std::unique_ptr<Vocab> vocab
     split = unicode::PreSplit::kQwen2;
   } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3") {
     split = unicode::PreSplit::kLlama3;
+  } else if (pre == "gpt-4o") {
+    split = unicode::PreSplit::kGpt4o;
   }  // gpt-2, phi-2: kGpt2 (LoadVocab rejected every other value)
 
   const std::vector<std::string>* merges = file.GetStringArray("tokenizer.ggml.merges");

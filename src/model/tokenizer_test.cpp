@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -236,9 +237,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05.gguf"}},
                       ModelCase{"qwen2.5-coder.json", {"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15.gguf"}},
                       // Vocabulary-only files from the npm tokenizer packages (scripts/hf_tokenizer_gguf.py,
-                      // which scripts/test.sh runs): Llama 3.x / SmolLM3 and Qwen3.
+                      // which scripts/test.sh runs): Llama 3.x / SmolLM3, Qwen3 and gpt-oss.
                       ModelCase{"llama3.json", {"generated/tokenizer-llama3.gguf"}},
                       ModelCase{"qwen3.json", {"generated/tokenizer-qwen3.gguf"}},
+                      // gpt-oss's o200k_harmony (pre-tokenizer gpt-4o), from the same script.
+                      ModelCase{"gptoss.json", {"generated/tokenizer-gptoss.gguf"}},
                       // llama.cpp's own vocabulary-only SentencePiece files (scripts/llamacpp_vocab.py,
                       // which scripts/test.sh runs): Phi-3 and Llama 2, with their piece scores.
                       ModelCase{"phi3.json", {"generated/tokenizer-phi3.gguf"}},
@@ -363,6 +366,122 @@ TEST(PreTokenizeTest, Qwen2) {
             (Words{"I", "'M", " here", "\n\n", " ", " x", "1", "2"}));
   EXPECT_EQ(Split(unicode::PreSplit::kQwen2, "a+=b;\r\n"), (Words{"a", "+=", "b", ";\r\n"}));
   EXPECT_EQ(Split(unicode::PreSplit::kLlama3, "12345"), (Words{"123", "45"}));
+}
+
+// gpt-4o (gpt-oss): expected pieces worked out by hand from llama.cpp's form of the regex (see
+// unicode.h): U = letter but not a-z, L = letter but not A-Z, tried in the regex's order.
+TEST(PreTokenizeTest, Gpt4oContractionsFollowTheirWordInEitherCase) {
+  // "I'm": U "I" is no L, so U+ then C; " DON'T": all U, then 'T; " They'LL": U "T", L "hey", 'LL.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "I'm DON'T you're They'LL"),
+            (Words{"I'm", " DON'T", " you're", " They'LL"}));
+  // A contraction starts no piece of its own: "'" is the optional first character, or after a
+  // space, punctuation (" ?[^\s\p{L}\p{N}]+" comes first at the space).
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "x's'S 'd"), (Words{"x's", "'S", " '", "d"}));
+  // U+2019 is no apostrophe for C.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "it\u2019s"), (Words{"it", "\u2019s"}));
+}
+
+TEST(PreTokenizeTest, Gpt4oSplitsWordsAtCaseChanges) {
+  // U* is greedy: "HTTPR" then L+ "equest"; "camel" ends before "C"; "É" is both U and L, so
+  // U* gives back everything up to it and L+ stops at "C", leaving "COLE" to U+.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "HTTPRequest camelCase \u00c9COLE na\u00efve"),
+            (Words{"HTTPRequest", " camel", "Case", " \u00c9", "COLE", " na\u00efve"}));
+  // A combining mark is no letter in llama.cpp's rewrite: it leads the next word.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "e\u0301x"), (Words{"e", "\u0301x"}));
+}
+
+TEST(PreTokenizeTest, Gpt4oNumbersInGroupsOfThree) {
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "1234567 12.5"), (Words{"123", "456", "7", " ", "12", ".", "5"}));
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "\u0661\u0662\u0663\u0664x9"),
+            (Words{"\u0661\u0662\u0663", "\u0664", "x", "9"}));
+}
+
+TEST(PreTokenizeTest, Gpt4oCjkEmojiAndPunctuation) {
+  // Han letters are both U and L: one run with the a-z after them.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "\u4f60\u597d\u4e16\u754c \u4e2d\u6587abc \U0001F600\U0001F600!"),
+            (Words{"\u4f60\u597d\u4e16\u754c", " \u4e2d\u6587abc", " \U0001F600\U0001F600!"}));
+  // [^\s\p{L}\p{N}]+ takes the CR/LF and slashes after it.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "ok!!\n\n/path//to"), (Words{"ok", "!!\n\n/", "path", "//", "to"}));
+}
+
+TEST(PreTokenizeTest, Gpt4oWhitespaceRuns) {
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "a  \t b\n\n  c   "),
+            (Words{"a", "  \t", " b", "\n\n", " ", " c", "   "}));
+  // Non-ASCII \s: a lone one leads the next word, a run leaves its last one to it.
+  EXPECT_EQ(Split(unicode::PreSplit::kGpt4o, "a\u00a0b\u3000\u3000x"), (Words{"a", "\u00a0b", "\u3000", "\u3000x"}));
+}
+
+// llama.cpp runs the gpt-4o regex through std::regex (unicode_regex_split's fallback): each
+// non-ASCII code point becomes one byte for its class (0x0B for \s, 0xD2 a letter, 0xD1 a number,
+// 0xD3.. the others), and \p{L} / \p{N} in the regex become those bytes plus their ASCII ranges.
+// Done the same way here, as a second oracle for the hand-written splitter.
+std::vector<size_t> Gpt4oByStdRegex(const std::vector<uint32_t>& cpts) {
+  using namespace unicode;
+  std::string text;
+  for (uint32_t c : cpts) {
+    const uint8_t cat = CategoryOf(c);
+    char b = static_cast<char>(0xD0);
+    if (c < 0x80)
+      b = static_cast<char>(c);
+    else if (IsWhitespace(c))
+      b = 0x0B;
+    else if (cat == kNumber)
+      b = static_cast<char>(0xD1);
+    else if (cat == kLetter)
+      b = static_cast<char>(0xD2);
+    else if (cat == kPunctuation)
+      b = static_cast<char>(0xD3);
+    else if (cat == kMark)
+      b = static_cast<char>(0xD4);
+    else if (cat == kSymbol)
+      b = static_cast<char>(0xD5);
+    text.push_back(b);
+  }
+  const std::string l = "\xD2"
+                        "A-Za-z",
+                    n = "\xD1"
+                        "0-9";
+  const std::string c = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?";
+  const std::string pattern = "[^\\r\\n" + l + n + "]?((?=[" + l + "])([^a-z]))*((?=[" + l + "])([^A-Z]))+" + c +
+                              "|[^\\r\\n" + l + n + "]?((?=[" + l + "])([^a-z]))+((?=[" + l + "])([^A-Z]))*" + c +
+                              "|[" + n + "]{1,3}| ?[^\\s" + l + n + "]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  static const std::regex re(pattern, std::regex::optimize | std::regex::nosubs);
+  std::vector<size_t> lens;
+  size_t done = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it) {
+    const size_t at = static_cast<size_t>(it->position());
+    if (at > done) lens.push_back(at - done);  // text no alternative matched
+    lens.push_back(static_cast<size_t>(it->length()));
+    done = at + static_cast<size_t>(it->length());
+  }
+  if (done < text.size()) lens.push_back(text.size() - done);
+  return lens;
+}
+
+TEST(PreTokenizeTest, Gpt4oMatchesStdRegexOnRandomText) {
+  // Code points of every class the rules tell apart: ASCII letters of both cases, the
+  // contraction letters, CR/LF, '/', other ASCII, non-ASCII upper/lower/title/other letters,
+  // marks, numbers, \s, punctuation, symbols, controls, unassigned.
+  const std::vector<uint32_t> pool = {
+      'a',  'Z',    's',    'S',  't',    'T',    'r',    'E',     'e',    'v',    'm',    'l',    'L',    'd',
+      'D',  '\'',   '\'',   ' ',  ' ',    ' ',    '\t',   '\r',    '\n',   '/',    '.',    '!',    '_',    '$',
+      '0',  '7',    0x00,   0x7F, 0xE9,   0xC9,   0x1C5,  0x2B0,   0x4E2D, 0x05D0, 0x0301, 0x0663, 0x00B2, 0x2167,
+      0xA0, 0x3000, 0x2028, 0x85, 0x2019, 0x00AB, 0x20AC, 0x1F600, 0x200D, 0xFE0F, 0x0378, 0xE000};
+  std::mt19937 rng(4242);
+  size_t mismatches = 0;
+  std::string report;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::vector<uint32_t> cpts(1 + rng() % 24);
+    for (uint32_t& c : cpts) c = pool[rng() % pool.size()];
+    const std::vector<size_t> want = Gpt4oByStdRegex(cpts);
+    const std::vector<size_t> got = unicode::PreTokenize(unicode::PreSplit::kGpt4o, cpts);
+    if (got != want && ++mismatches <= 5) {
+      std::string text;
+      for (uint32_t c : cpts) unicode::AppendUtf8(c, &text);
+      report += "\n  " + json(text).dump();
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << report;
 }
 
 // A tiny byte-level BPE vocabulary written through GgufWriter.

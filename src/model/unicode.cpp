@@ -226,6 +226,89 @@ void SplitQwen2Llama3(Piece& p, size_t max_digits) {
   }
 }
 
+// llama.cpp has no hand-written splitter for this pre-tokenizer: it runs the regex with
+// std::regex (ECMAScript: the first alternative that matches wins, quantifiers greedy with
+// backtracking) over a copy of the text in which every non-ASCII code point is one byte standing
+// for its class (letter, number, whitespace, other). The rules below are that regex's matches,
+// derived per alternative; every code point starts a match (it is a letter, a number, \s or
+// [^\s\p{L}\p{N}]), so no text is left between matches.
+void SplitGpt4o(Piece& p) {
+  // U = [^a-z] and L = [^A-Z] under the lookahead (?=\p{L}).
+  const auto upper = [&](size_t i) { return IsLetter(p.Flags(i)) && !(p.Cpt(i) >= 'a' && p.Cpt(i) <= 'z'); };
+  const auto lower = [&](size_t i) { return IsLetter(p.Flags(i)) && !(p.Cpt(i) >= 'A' && p.Cpt(i) <= 'Z'); };
+  // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])? at `i`: its length.
+  const auto contraction = [&](size_t i) -> size_t {
+    if (p.Cpt(i) != '\'') return 0;
+    const uint32_t c1 = AsciiLower(p.Cpt(i + 1));
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+    const uint32_t c2 = AsciiLower(p.Cpt(i + 2));
+    return (c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l') ? 3 : 0;
+  };
+  size_t pos = p.ini();
+  while (pos < p.end()) {
+    const uint32_t cpt = p.Cpt(pos);
+    const uint16_t flags = p.Flags(pos);
+
+    // [^\r\n\p{L}\p{N}]?U*L+C? | [^\r\n\p{L}\p{N}]?U+L*C?  (when the optional first character
+    // is there, trying without it cannot match: it is no letter).
+    const bool lead = cpt != '\r' && cpt != '\n' && !IsLetter(flags) && !IsNumber(flags);
+    const size_t first = pos + (lead ? 1 : 0);
+    size_t n_upper = 0;
+    while (upper(first + n_upper)) ++n_upper;
+    size_t end = first;
+    // First alternative: U* gives back code points until one that is also L follows (a
+    // non-ASCII letter within the run, or a-z after it); then L+ runs as far as it goes.
+    for (size_t j = n_upper + 1; j-- > 0;) {
+      if (lower(first + j)) {
+        end = first + j;
+        while (lower(end)) ++end;
+        break;
+      }
+    }
+    if (end == first) end = first + n_upper;  // second alternative: U+ (L* is empty here)
+    if (end > first) {
+      end += contraction(end);
+      pos += p.Add(end);
+      continue;
+    }
+
+    if (IsNumber(flags)) {  // \p{N}{1,3}
+      size_t n = 1;
+      while (n < 3 && IsNumber(p.Flags(pos + n))) ++n;
+      pos += p.Add(pos + n);
+      continue;
+    }
+
+    // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+    const size_t other = pos + (cpt == ' ' ? 1 : 0);
+    if (IsOther(p.Flags(other))) {
+      end = other;
+      while (IsOther(p.Flags(end))) ++end;
+      while (p.Cpt(end) == '\r' || p.Cpt(end) == '\n' || p.Cpt(end) == '/') ++end;
+      pos += p.Add(end);
+      continue;
+    }
+
+    // Whitespace: \s*[\r\n]+ (up to the run's last CR/LF), else \s+(?!\S) (all but the last
+    // when something follows), else \s+.
+    size_t n_ws = 0;
+    size_t last_newline_end = 0;
+    while (IsWs(p.Flags(pos + n_ws))) {
+      const uint32_t c2 = p.Cpt(pos + n_ws);
+      if (c2 == '\r' || c2 == '\n') last_newline_end = pos + n_ws + 1;
+      ++n_ws;
+    }
+    if (last_newline_end > 0) {
+      end = last_newline_end;
+    } else if (n_ws > 1 && p.Cpt(pos + n_ws) != kOutOfRange) {
+      end = pos + n_ws - 1;
+    } else {
+      end = pos + n_ws;
+    }
+    pos += p.Add(end);
+  }
+}
+
 }  // namespace
 
 uint8_t CategoryOf(uint32_t cpt) {
@@ -362,6 +445,11 @@ std::vector<size_t> PreTokenize(PreSplit kind, const std::vector<uint32_t>& cpts
     case PreSplit::kLlama3: {
       Piece p(cpts, 0, cpts.size(), &out);
       SplitQwen2Llama3(p, 3);
+      break;
+    }
+    case PreSplit::kGpt4o: {
+      Piece p(cpts, 0, cpts.size(), &out);
+      SplitGpt4o(p);
       break;
     }
   }

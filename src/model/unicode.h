@@ -65,6 +65,13 @@ enum class PreSplit {
   kDigitsGpt2,  // \p{N} isolated first, then kGpt2 (starcoder, smollm, refact, command-r)
   kQwen2,       // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
   kLlama3,      // as kQwen2 with \p{N}{1,3}
+  // gpt-4o (o200k, gpt-oss): [^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}
+  //   | ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  // with C = (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]). The model's regex has
+  // case classes (\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M} / \p{Ll}\p{Lm}\p{Lo}\p{M}); llama.cpp rewrites
+  // them as U = a letter that is not a-z, L = a letter that is not A-Z, so every non-ASCII letter
+  // is both and marks are not letters. That rewrite is reproduced, not the model's regex.
+  kGpt4o,
 };
 std::vector<size_t> PreTokenize(PreSplit kind, const std::vector<uint32_t>& cpts);
 

@@ -60,7 +60,8 @@ const kGroups = [
     ],
   },
   // Vocabulary-only files written by scripts/hf_tokenizer_gguf.py from the npm tokenizer
-  // packages (Llama 3.x / SmolLM3, Qwen3), the families whose weights the registries lack.
+  // packages (Llama 3.x / SmolLM3, Qwen3, gpt-oss), the families whose weights the registries
+  // lack.
   {
     fixture: "llama3",
     files: [{ name: "generated/tokenizer-llama3.gguf", aliases: [] }],
@@ -68,6 +69,10 @@ const kGroups = [
   {
     fixture: "qwen3",
     files: [{ name: "generated/tokenizer-qwen3.gguf", aliases: [] }],
+  },
+  {
+    fixture: "gptoss",
+    files: [{ name: "generated/tokenizer-gptoss.gguf", aliases: [] }],
   },
   // llama.cpp's own vocabulary-only files of SentencePiece tokenizers (scripts/llamacpp_vocab.py,
   // from the llama-cpp-python sdist): Phi-3's and Llama 2's, with their piece scores.
