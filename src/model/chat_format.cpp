@@ -235,12 +235,53 @@ void Truncate(RenderedChat* r, size_t n) {
   r->literal = std::move(kept);
 }
 
+// Harmony's template renders one call per assistant message (tool_calls[0]) and names each
+// tool result after the call before it, so an assistant message with parallel calls becomes one
+// message per call, each followed by its result (matched by id, else by position): the order
+// the model itself works in. messages[0, n) only.
+std::vector<ChatMessage> OneCallPerTurn(const std::vector<ChatMessage>& in, size_t n) {
+  std::vector<ChatMessage> out;
+  size_t i = 0;
+  while (i < n) {
+    const ChatMessage& m = in[i];
+    if (m.role != "assistant" || m.tool_calls.size() <= 1) {
+      out.push_back(m);
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;  // the results: the tool messages right after
+    while (j < n && in[j].role == "tool") ++j;
+    std::vector<bool> used(j - i - 1, false);
+    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+      ChatMessage turn;
+      if (k == 0) turn = m;  // the text and reasoning stay with the first call
+      turn.role = "assistant";
+      turn.tool_calls = {m.tool_calls[k]};
+      out.push_back(std::move(turn));
+      size_t pick = SIZE_MAX;
+      for (size_t r = 0; r < used.size() && pick == SIZE_MAX; ++r)
+        if (!used[r] && !m.tool_calls[k].id.empty() && in[i + 1 + r].tool_call_id == m.tool_calls[k].id) pick = r;
+      if (pick == SIZE_MAX && k < used.size() && !used[k]) pick = k;
+      if (pick != SIZE_MAX) {
+        used[pick] = true;
+        out.push_back(in[i + 1 + pick]);
+      }
+    }
+    for (size_t r = 0; r < used.size(); ++r)
+      if (!used[r]) out.push_back(in[i + 1 + r]);
+    i = j;
+  }
+  return out;
+}
+
 // The conversation as transformers passes it to a template: OpenAI-style messages (tool calls
 // with their arguments as an object, reasoning as reasoning_content), tools as
-// {"type": "function", "function": {...}}, bos_token and eos_token.
+// {"type": "function", "function": {...}}, bos_token and eos_token. Harmony's template reads the
+// reasoning from `thinking` and refuses an assistant message with calls that has both it and
+// text: the reasoning is kept (as llama.cpp passes it), and `reasoning_effort`.
 // messages[0, n) only.
 nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages, size_t n,
-                                       const ChatRenderOptions& opts, bool add_generation_prompt) {
+                                       const ChatRenderOptions& opts, bool add_generation_prompt, bool harmony) {
   using J = nlohmann::ordered_json;
   J msgs = J::array();
   const bool has_system = n > 0 && messages[0].role == "system";
@@ -251,7 +292,10 @@ nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vecto
     J o = J::object();
     o["role"] = m.role;
     o["content"] = i == 0 && has_system ? m.content + opts.system_suffix : m.content;
-    if (!m.reasoning.empty()) o["reasoning_content"] = m.reasoning;
+    if (!m.reasoning.empty()) {
+      o[harmony ? "thinking" : "reasoning_content"] = m.reasoning;
+      if (harmony && !m.tool_calls.empty()) o.erase("content");
+    }
     if (!m.tool_calls.empty()) {
       J calls = J::array();
       for (const ChatToolCall& c : m.tool_calls) {
@@ -278,13 +322,20 @@ nlohmann::ordered_json TemplateContext(const gguf::GgufFile& f, const std::vecto
   }
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (opts.enable_thinking.has_value()) ctx["enable_thinking"] = *opts.enable_thinking;
+  if (harmony) {
+    const std::string effort = !opts.reasoning_effort.empty()                               ? opts.reasoning_effort
+                               : opts.enable_thinking.has_value() && !*opts.enable_thinking ? "low"
+                                                                                            : "";
+    if (!effort.empty()) ctx["reasoning_effort"] = effort;
+  }
   ctx["bos_token"] = SpecialTokenText(f, "tokenizer.ggml.bos_token_id");
   ctx["eos_token"] = SpecialTokenText(f, "tokenizer.ggml.eos_token_id");
   return ctx;
 }
 
-RenderedChat RenderTemplate(const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
+RenderedChat RenderTemplate(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                             const ChatRenderOptions& opts) {
+  const bool harmony = family == ChatFamily::kHarmony;
   RenderedChat out;
   const std::shared_ptr<const jinja::Template> t = ParsedTemplate(f.GetString("tokenizer.chat_template").value_or(""));
   if (!t) {
@@ -297,14 +348,25 @@ RenderedChat RenderTemplate(const gguf::GgufFile& f, const std::vector<ChatMessa
                          !messages.back().content.empty();
   size_t n = messages.size();  // an empty final assistant message to continue: a generation prompt
   if (opts.continue_final && !open_last && n > 0 && messages[n - 1].role == "assistant") --n;
-  Result<jinja::Output> r =
-      t->Render(TemplateContext(f, messages, n, opts, opts.add_generation_prompt && !open_last), jinja::Options{});
+  const bool generation_prompt = opts.add_generation_prompt && !open_last;
+  const std::vector<ChatMessage> split = harmony ? OneCallPerTurn(messages, n) : std::vector<ChatMessage>{};
+  Result<jinja::Output> r = t->Render(
+      TemplateContext(f, harmony ? split : messages, harmony ? split.size() : n, opts, generation_prompt, harmony),
+      jinja::Options{});
   if (!r.ok()) {
     out.error = r.status().message();
     return out;
   }
   out.text = std::move(r->text);
   out.literal = std::move(r->data);
+  // The template ends a final answer with <|return|> (the end of generation it trains); in a
+  // prompt that goes on, a message ends with <|end|> (llama.cpp does the same).
+  const std::string kReturn = "<|return|>";
+  if (harmony && !generation_prompt && out.text.size() >= kReturn.size() &&
+      out.text.compare(out.text.size() - kReturn.size(), kReturn.size(), kReturn) == 0) {
+    Truncate(&out, out.text.size() - kReturn.size());
+    out.text += Harmony().end;
+  }
   if (open_last) {
     const size_t at = out.text.rfind(messages.back().content);
     if (at == std::string::npos) {
@@ -327,7 +389,12 @@ ChatFamily DetectChatFamily(const gguf::GgufFile& f) {
   const std::string tmpl = f.GetString("tokenizer.chat_template").value_or("");
   if (tmpl.find("<|im_start|>") != std::string::npos) return ChatFamily::kChatML;
   if (tmpl.find("<start_of_turn>") != std::string::npos) return ChatFamily::kGemma;
-  if (!tmpl.empty() && ParsedTemplate(tmpl)) return ChatFamily::kTemplate;
+  if (!tmpl.empty() && ParsedTemplate(tmpl)) {
+    const HarmonyMarkup& h = Harmony();
+    if (tmpl.find(h.channel) != std::string::npos && tmpl.find(h.message) != std::string::npos)
+      return ChatFamily::kHarmony;
+    return ChatFamily::kTemplate;
+  }
   const std::string arch = f.GetString("general.architecture").value_or("");
   if (arch == "gemma2" || arch == "gemma3") return ChatFamily::kGemma;
   if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" || arch == "smollm3") return ChatFamily::kChatML;
@@ -344,6 +411,8 @@ const char* ChatFamilyName(ChatFamily family) {
       return "none";
     case ChatFamily::kTemplate:
       return "template";
+    case ChatFamily::kHarmony:
+      return "harmony";
   }
   return "?";
 }
@@ -365,9 +434,16 @@ std::string ToolDefinitionJson(const ChatTool& t) {
   return PyJsonDumps(wrapped);
 }
 
-RenderedChat ToolResultTurn(ChatFamily family, const std::string& result) {
+RenderedChat ToolResultTurn(ChatFamily family, const std::string& name, const std::string& result) {
   Prompt p;
-  if (family == ChatFamily::kTemplate) {
+  if (family == ChatFamily::kHarmony) {
+    // The call's <|call|> was never generated (the server stopped at the end of its arguments);
+    // then the result as the template renders a tool message, and the assistant's next message.
+    const HarmonyMarkup& h = Harmony();
+    p.Lit(h.call + h.start + h.functions).Content(name);
+    p.Lit(" " + h.recipient + "assistant" + h.channel + h.commentary + h.message).Content(PyJsonDumps(result));
+    p.Lit(h.end + h.start + "assistant");
+  } else if (family == ChatFamily::kTemplate) {
     // A template has no piece for "a tool result mid-turn" that could be cut out of it: the
     // result stays inside the assistant turn as a Hermes tool response.
     p.Lit("\n");
@@ -390,9 +466,39 @@ const ToolCallMarkup& ToolCallMarkupFor(ChatFamily /*family*/) {
   return kHermes;
 }
 
-const ReasoningMarkup& ReasoningMarkupFor(ChatFamily /*family*/) {
+const ReasoningMarkup& ReasoningMarkupFor(ChatFamily family) {
   static const ReasoningMarkup kThinkTags;
-  return kThinkTags;
+  // Harmony reasons in its analysis channel unasked; a spent budget ends the message and opens
+  // the final one.
+  static const ReasoningMarkup kAnalysis = [] {
+    const HarmonyMarkup& h = Harmony();
+    ReasoningMarkup r;
+    r.open_tag = r.open = h.channel + h.analysis + h.message;
+    r.end = h.end;
+    r.close = h.end + h.start + "assistant" + h.channel + h.final_channel + h.message;
+    r.instruction.clear();
+    r.skip.clear();
+    return r;
+  }();
+  return family == ChatFamily::kHarmony ? kAnalysis : kThinkTags;
+}
+
+const HarmonyMarkup& Harmony() {
+  static const HarmonyMarkup kMarkup;
+  return kMarkup;
+}
+
+std::string OpenAssistantTurn(ChatFamily family, const RenderedChat& prompt) {
+  if (family != ChatFamily::kHarmony) return "";
+  const std::string open = Harmony().start + "assistant";
+  // The last opening in the scaffolding (request text may spell one too).
+  for (size_t at = prompt.text.rfind(open); at != std::string::npos; at = prompt.text.rfind(open, at - 1)) {
+    bool literal = false;
+    for (const TextSpan& sp : prompt.literal) literal |= sp.begin < at + open.size() && at < sp.end;
+    if (!literal) return prompt.text.substr(at + open.size());
+    if (at == 0) break;
+  }
+  return "";
 }
 
 bool HasNativeReasoning(const gguf::GgufFile& f) {
@@ -401,6 +507,12 @@ bool HasNativeReasoning(const gguf::GgufFile& f) {
 }
 
 std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name) {
+  if (family == ChatFamily::kHarmony) {
+    const HarmonyMarkup& h = Harmony();
+    std::string s = h.channel + h.commentary + " " + h.recipient + h.functions;
+    if (!name.empty()) s += name + " " + h.constrain + "json" + h.message;
+    return s;
+  }
   const ToolCallMarkup& m = ToolCallMarkupFor(family);
   std::string s = m.open + "\n" + m.name_prefix;
   if (!name.empty()) s += name + m.arguments_prefix;
@@ -420,7 +532,8 @@ std::string RenderChat(ChatFamily family, const gguf::GgufFile& f, const std::ve
 
 RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const std::vector<ChatMessage>& messages,
                              const ChatRenderOptions& opts) {
-  if (family == ChatFamily::kTemplate) return RenderTemplate(f, messages, opts);
+  if (family == ChatFamily::kTemplate || family == ChatFamily::kHarmony)
+    return RenderTemplate(family, f, messages, opts);
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
   const size_t n = messages.size();
@@ -526,6 +639,7 @@ RenderedChat RenderChatSpans(ChatFamily family, const gguf::GgufFile& f, const s
       break;
     }
     case ChatFamily::kTemplate:  // rendered above
+    case ChatFamily::kHarmony:
     case ChatFamily::kNone:
       if (!sys.text.empty()) {
         put_system(&out);

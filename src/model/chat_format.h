@@ -26,8 +26,10 @@ class GgufFile;
 // kTemplate: the model's own tokenizer.chat_template rendered by the Jinja engine (model/jinja.h),
 // for templates that are neither ChatML nor Gemma (Llama 3, Phi-3, Mistral, ...); ChatML and Gemma
 // keep their hand-written formats, which also teach a tool convention to models whose template has
-// none (SmolLM2, Gemma 3).
-enum class ChatFamily { kChatML, kGemma, kNone, kTemplate };
+// none (SmolLM2, Gemma 3). kHarmony: OpenAI's harmony format (gpt-oss), rendered by the model's
+// own template like kTemplate but with channels instead of tags in the model's output
+// (HarmonyMarkup).
+enum class ChatFamily { kChatML, kGemma, kNone, kTemplate, kHarmony };
 
 struct ChatToolCall {
   std::string id;
@@ -86,6 +88,30 @@ struct ReasoningMarkup {
   std::string skip = "<think>\n\n</think>\n\n";  // native reasoning, thinking off
 };
 const ReasoningMarkup& ReasoningMarkupFor(ChatFamily family);
+
+// OpenAI harmony (gpt-oss). The model writes a sequence of messages
+//   <|start|>assistant<|channel|>CHANNEL[ to=RECIPIENT][ [<|constrain|>]TYPE]<|message|>BODY<|end|>
+// (the first one without `<|start|>assistant`, which the prompt ends with; the recipient may
+// also follow the role: `<|start|>assistant to=functions.NAME<|channel|>commentary json`).
+// Channels: analysis (reasoning), commentary (tool calls, addressed `to=functions.NAME` with
+// JSON arguments as the body, and preambles the user may see), final (the answer). Generation
+// ends with <|return|> after the answer or <|call|> after a call: end-of-generation tokens, never
+// text. <|start|>, <|channel|>, <|message|>, <|constrain|> and <|end|> are user-defined tokens
+// that detokenize as their text, so the output parser sees them.
+struct HarmonyMarkup {
+  std::string start = "<|start|>";
+  std::string channel = "<|channel|>";
+  std::string message = "<|message|>";
+  std::string end = "<|end|>";
+  std::string constrain = "<|constrain|>";
+  std::string call = "<|call|>";  // ends a call (end of generation; written when a turn is injected)
+  std::string recipient = "to=";
+  std::string functions = "functions.";  // the namespace of the request's tools
+  std::string analysis = "analysis";
+  std::string commentary = "commentary";
+  std::string final_channel = "final";
+};
+const HarmonyMarkup& Harmony();
 // The model's template takes `enable_thinking` (Qwen3, SmolLM3): it reasons without being asked.
 bool HasNativeReasoning(const gguf::GgufFile& f);
 
@@ -103,6 +129,10 @@ struct ChatRenderOptions {
   bool add_generation_prompt = true;
   // kTemplate: the template's `enable_thinking` (models with native reasoning); unset: not passed.
   std::optional<bool> enable_thinking;
+  // kHarmony: the template's `reasoning_effort` ("low", "medium", "high"); empty: "low" when
+  // enable_thinking is false (harmony models always reason; this is the least), else the
+  // template's default.
+  std::string reasoning_effort;
 };
 
 ChatFamily DetectChatFamily(const gguf::GgufFile& f);
@@ -137,10 +167,17 @@ std::string ToolDefinitionJson(const ChatTool& tool);
 // The text that follows a completed tool call when a tool's result comes back within the same
 // generation (a server-run tool): the assistant turn ends, the result comes as the tool's
 // response turn, and the next assistant turn opens (what RenderChat gives for the same history).
-RenderedChat ToolResultTurn(ChatFamily family, const std::string& result);
+// `name`: the called tool (harmony addresses the result from it).
+RenderedChat ToolResultTurn(ChatFamily family, const std::string& name, const std::string& result);
+
+// What the assistant turn at the end of a rendered prompt already holds (kHarmony: the text
+// after the last `<|start|>assistant`: a forced call's header, an opened analysis message, a
+// final message to continue); the output parser starts from there. Empty for the other families.
+std::string OpenAssistantTurn(ChatFamily family, const RenderedChat& prompt);
 
 // The assistant-turn prefix that forces a call: the call opened up to the name (`name` empty:
-// any tool) or up to the arguments of `name`.
+// any tool) or up to the arguments of `name` (kHarmony: a commentary message addressed
+// `to=functions.`, or `to=functions.NAME <|constrain|>json<|message|>`).
 std::string ForcedToolCallPrefix(ChatFamily family, const std::string& name);
 
 // The text of one tool call in the model's convention, without surrounding newlines:

@@ -631,6 +631,8 @@ std::optional<ApiError> ParseAnthropicRequest(const Json& body, const ServedMode
   if (req->render.continue_final) budget = 0;  // a prefilled answer is continued as is
   req->thinking_budget = budget;
   req->thinking_adaptive = adaptive;
+  // For templates that take a reasoning effort (gpt-oss's low / medium / high).
+  if (!effort.empty()) req->render.reasoning_effort = effort == "low" || effort == "medium" ? effort : "high";
 
   req->tool_choice = choice == "any"    ? ToolChoice::kAny
                      : choice == "tool" ? ToolChoice::kTool

@@ -267,6 +267,8 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     if (!native_reasoning) req.render.system_suffix += reasoning.instruction;
     req.render.assistant_prefix += reasoning.open;
   }
+  // Harmony reasons whatever it is told: thinking off asks for the least (model/chat_format.h).
+  if (sm.family == ChatFamily::kHarmony) req.render.enable_thinking = req.thinking_budget > 0;
   if (native_reasoning) {
     // Thinking off: the template's own empty section (kTemplate renders it from enable_thinking;
     // the hand-written formats get it here), so the model answers at once instead of reasoning
@@ -333,6 +335,8 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   out->parser.tool_call_prefill = tool_call_prefill;
   out->parser.markup = ToolCallMarkupFor(sm.family);
   out->parser.reasoning_end = reasoning.end;
+  out->parser.harmony = sm.family == ChatFamily::kHarmony;
+  out->parser.turn_prefill = OpenAssistantTurn(sm.family, rendered);
   out->thinking_budget = req.thinking_budget;
   out->single_tool_call = req.single_tool_call;
   out->forced_tool_call = forced;
@@ -379,6 +383,7 @@ struct Session {
   std::shared_ptr<TokenConstraint> constraint;
   int server_calls = 0;
   std::string server_result;          // non-empty: the search ran; its result goes into the prompt next
+  std::string server_tool;            // the search tool's name (harmony addresses its result)
   bool last_was_server_tool = false;  // the last event: a search whose result may not have fit
   int client_calls() const { return parser.tool_calls() - server_calls; }
   ConstraintRequest constraint_request;
@@ -420,6 +425,7 @@ struct Session {
             const ToolSearchOutcome found = RunToolSearch(tool_search, e.call.arguments);
             ev.kind = StreamEvent::Kind::kServerTool;
             ev.server_result = ToolSearchResultContent(found);
+            server_tool = e.call.name;
             server_result =
                 found.error_code.empty() ? ToolReferencesText(tool_search, found.names) : ToolSearchErrorText(found);
             Load(found.names);
@@ -456,7 +462,7 @@ struct Session {
 
   std::vector<TokenId> Continuation() {
     if (!server_result.empty()) {
-      const RenderedChat turn = ToolResultTurn(family, server_result);
+      const RenderedChat turn = ToolResultTurn(family, server_tool, server_result);
       server_result.clear();
       // A forced call was the search: the answer after it is free (the grammar had its call).
       if (forced_tool_call && constraint) constraint->Release();

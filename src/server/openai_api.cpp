@@ -171,6 +171,11 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   std::string user, reasoning_effort;
   if (auto e = OptString(body, "user", "", &user)) return e;
   if (auto e = OptString(body, "reasoning_effort", "", &reasoning_effort)) return e;
+  // For templates that take one (gpt-oss's low / medium / high); other values are ignored.
+  if (reasoning_effort == "minimal" || reasoning_effort == "none") reasoning_effort = "low";
+  if (reasoning_effort == "xhigh") reasoning_effort = "high";
+  if (reasoning_effort == "low" || reasoning_effort == "medium" || reasoning_effort == "high")
+    req->render.reasoning_effort = reasoning_effort;
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
     if (body.contains(key) && !body[key].is_null() &&
         (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2))

@@ -83,6 +83,51 @@ Expr TaggedCall(GrammarBuilder& b, const ToolCallMarkup& m, const Expr& calls) {
                 b.Literal(m.close)});
 }
 
+// Harmony (model/chat_format.h HarmonyMarkup): what may follow a call's recipient
+// `to=functions.NAME` up to its body, in either place the model puts the recipient:
+// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` or
+// `to=functions.NAME<|channel|>commentary json<|message|>`.
+Expr HarmonyCallHeaderRest(GrammarBuilder& b) {
+  const HarmonyMarkup& h = Harmony();
+  return b.Seq({b.Opt(b.Literal(h.channel + h.commentary)),
+                b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")})),
+                b.Literal(h.message)});
+}
+
+// Harmony's constraint. A forced call's header is in the prompt (ForcedToolCallPrefix): the
+// grammar holds the name (any tool) and the arguments; under auto it starts at the recipient
+// `to=functions.` wherever the model writes one; a structured answer is the body of the final
+// message (the analysis before it is free). After the arguments only the end of generation
+// (<|call|>) is left, so each generation makes at most one call.
+Result<Expr> HarmonyGrammar(GrammarBuilder& b, const ConstraintRequest& req, bool tools, bool forced, bool structured) {
+  const HarmonyMarkup& h = Harmony();
+  if (forced && req.tool_choice == ToolChoice::kTool) {
+    for (size_t i = 0; i < req.tools.size(); ++i)
+      if (req.tools[i].name == req.forced_tool) return ToolArgs(b, req.tools[i], i, /*forced=*/true);
+    return InvalidArgument("tool_choice: no tool named \"" + req.forced_tool + "\"");
+  }
+  std::vector<Expr> calls;
+  for (size_t i = 0; tools && i < req.tools.size(); ++i) {
+    Result<Expr> args = ToolArgs(b, req.tools[i], i, forced);
+    if (!args.ok()) return args;
+    const Expr rest = forced ? b.Literal(" " + h.constrain + "json" + h.message) : HarmonyCallHeaderRest(b);
+    calls.push_back(b.Seq({b.Literal(req.tools[i].name), rest, *args}));
+  }
+  if (forced) return b.Alt(calls);
+  std::vector<Expr> forms;
+  if (!calls.empty()) forms.push_back(b.Seq({b.Literal(h.recipient + h.functions), b.Alt(calls)}));
+  if (structured) {
+    Result<Expr> answer = req.format == OutputFormat::kJsonObject ? Result<Expr>(JsonAnyObject(b))
+                                                                  : JsonSchemaExpr(b, req.schema, {/*strict=*/true});
+    if (!answer.ok()) return InvalidArgument("output format schema: " + answer.status().message());
+    const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
+    forms.push_back(b.Seq({b.Literal(h.channel + h.final_channel),
+                           b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")})),
+                           b.Literal(h.message), ws, *answer}));
+  }
+  return b.Alt(forms);
+}
+
 std::string CacheKey(const ConstraintRequest& r) {
   Json k = Json::object();
   k["family"] = static_cast<int>(r.family);
@@ -107,7 +152,12 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const ToolCallMarkup& m = ToolCallMarkupFor(req.family);
   TokenConstraint::Options opts;
   const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
-  if (!forced && !structured) {
+  const bool harmony = req.family == ChatFamily::kHarmony;
+  if (harmony) {
+    const HarmonyMarkup& h = Harmony();
+    if (!forced && tools) opts.triggers.push_back(h.recipient + h.functions);
+    if (!forced && structured) opts.triggers.push_back(h.channel + h.final_channel);
+  } else if (!forced && !structured) {
     // auto: lazy, for every call the model opens, tagged or in a fence.
     opts.triggers = {m.open};
     for (const ToolCallMarkup::Wrapper& w : m.wrappers) opts.triggers.push_back(w.open + "{");
@@ -121,7 +171,11 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   if (g == nullptr) {
     GrammarBuilder b;
     Expr root;
-    if (forced && req.tool_choice == ToolChoice::kTool) {
+    if (harmony) {
+      Result<Expr> e = HarmonyGrammar(b, req, tools, forced, structured);
+      if (!e.ok()) return e.status();
+      root = *e;
+    } else if (forced && req.tool_choice == ToolChoice::kTool) {
       // The prompt ends with `OPEN\n{"name": "NAME", "arguments": `.
       const ChatTool* tool = nullptr;
       size_t index = 0;

@@ -45,11 +45,15 @@ bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, Ch
       }
     }
   }
+  return ValidateToolCall(name->get<std::string>(), std::move(args), tools, call, why);
+}
+
+bool ValidateToolCall(const std::string& n, nlohmann::ordered_json args, const std::vector<ChatTool>& tools,
+                      ChatToolCall* call, std::string* why) {
   if (!args.is_object()) {
     *why = "tool call arguments are not an object";
     return false;
   }
-  const std::string n = name->get<std::string>();
   const auto tool = std::find_if(tools.begin(), tools.end(), [&](const ChatTool& t) { return t.name == n; });
   if (tool == tools.end()) {
     *why = "unknown tool \"" + n + "\"";
@@ -67,7 +71,16 @@ bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, Ch
 
 OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
   std::erase_if(opts_.stop_sequences, [](const std::string& s) { return s.empty(); });
-  if (opts_.start_in_reasoning) {
+  if (opts_.harmony) {
+    // The prefill sets the state (a header under way, an opened analysis or final message, a
+    // call's arguments); the client has its text already, so nothing of it is emitted.
+    mode_ = Mode::kHarmonyHeader;
+    std::vector<ParsedEvent> discarded;
+    buf_ = opts_.turn_prefill;
+    ProcessHarmony(&discarded, false);
+    held_ws_.clear();
+    tool_calls_ = 0;
+  } else if (opts_.start_in_reasoning) {
     mode_ = Mode::kReasoning;
   } else if (opts_.may_open_reasoning && !opts_.reasoning_open.empty()) {
     mode_ = Mode::kMaybeReasoning;
@@ -189,6 +202,10 @@ size_t OutputParser::FindToolCallClose() {
 }
 
 void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
+  if (opts_.harmony) {
+    ProcessHarmony(out, final);
+    return;
+  }
   while (!buf_.empty() || (final && (mode_ == Mode::kToolCall || mode_ == Mode::kBareJson))) {
     switch (mode_) {
       case Mode::kMaybeReasoning: {
@@ -328,6 +345,10 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         }
         continue;
       }
+      case Mode::kHarmonyHeader:
+      case Mode::kHarmonyText:
+      case Mode::kHarmonyCall:
+        return;  // only with opts_.harmony, handled above
       case Mode::kToolCall: {
         tool_buf_ += buf_;
         buf_.clear();
@@ -351,6 +372,189 @@ void OutputParser::Process(std::vector<ParsedEvent>* out, bool final) {
         }
         return;
       }
+    }
+  }
+}
+
+// Harmony channels (gpt-oss): see output_parser.h.
+
+namespace {
+
+// A header longer than this is no header (the longest real one, `<|start|>assistant
+// to=functions.NAME<|channel|>commentary <|constrain|>json`, is ~60 bytes besides the name).
+constexpr size_t kMaxHarmonyHeader = 320;
+
+// Whether `s` (after whitespace) is, or may still become, a message header: it starts with what
+// a header starts with (or with the <|end|> of the message before).
+bool MayBeHarmonyHeader(std::string_view s) {
+  const HarmonyMarkup& h = Harmony();
+  while (!s.empty() && IsWs(s.front())) s.remove_prefix(1);
+  for (const std::string* m : {&h.start, &h.channel, &h.recipient, &h.end}) {
+    const size_t n = std::min(s.size(), m->size());
+    if (s.compare(0, n, *m, 0, n) == 0) return true;
+  }
+  return false;
+}
+
+// The word at the start of `s`: up to whitespace or the next marker.
+std::string_view HeaderWord(std::string_view s) {
+  size_t n = 0;
+  while (n < s.size() && !IsWs(s[n]) && s[n] != '<') ++n;
+  return s.substr(0, n);
+}
+
+}  // namespace
+
+void OutputParser::StartHarmonyMessage(std::string_view header) {
+  const HarmonyMarkup& h = Harmony();
+  std::string_view channel, recipient;
+  if (const size_t c = header.find(h.channel); c != std::string_view::npos)
+    channel = HeaderWord(header.substr(c + h.channel.size()));
+  if (const size_t r = header.find(h.recipient); r != std::string_view::npos)
+    recipient = HeaderWord(header.substr(r + h.recipient.size()));
+  if (!recipient.empty() && recipient != "assistant") {
+    mode_ = Mode::kHarmonyCall;
+    call_name_ = recipient;
+    tool_buf_.clear();
+    json_depth_ = 0;
+    json_in_string_ = json_escape_ = false;
+  } else if (channel == h.analysis) {
+    mode_ = Mode::kReasoning;
+  } else {
+    mode_ = Mode::kHarmonyText;  // final, or a commentary preamble
+  }
+}
+
+void OutputParser::CompleteHarmonyCall(const std::string& body, std::vector<ParsedEvent>* out) {
+  const std::string& functions = Harmony().functions;
+  ParsedEvent ev;
+  std::string why;
+  bool valid = false;
+  if (opts_.parse_tool_calls && call_name_.compare(0, functions.size(), functions) == 0) {
+    nlohmann::ordered_json args = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    valid = !args.is_discarded() &&
+            ValidateToolCall(call_name_.substr(functions.size()), std::move(args), opts_.tools, &ev.call, &why);
+  }
+  if (valid) {
+    ev.kind = ParsedEvent::Kind::kToolCall;
+    out->push_back(std::move(ev));
+    ++tool_calls_;
+  } else {
+    held_ws_.clear();
+    EmitText(body, out);  // not a call: the client sees the arguments the model wrote
+  }
+  skip_ws_ = true;
+  held_ws_.clear();
+}
+
+void OutputParser::ProcessHarmony(std::vector<ParsedEvent>* out, bool final) {
+  const HarmonyMarkup& h = Harmony();
+  while (!buf_.empty() || (final && mode_ == Mode::kHarmonyCall)) {
+    switch (mode_) {
+      case Mode::kHarmonyHeader: {
+        const size_t m = buf_.find(h.message);
+        const std::string_view header = std::string_view(buf_).substr(0, m);
+        if (header.size() > kMaxHarmonyHeader || !MayBeHarmonyHeader(header)) {
+          mode_ = Mode::kHarmonyText;  // no header: the model answered in plain text
+          continue;
+        }
+        if (m == std::string::npos) {
+          if (final) buf_.clear();  // a header the end cut off: routing, nothing to show
+          return;
+        }
+        StartHarmonyMessage(header);
+        buf_.erase(0, m + h.message.size());
+        continue;
+      }
+      case Mode::kReasoning: {  // an analysis message
+        const size_t end = buf_.find(h.end);
+        if (end != std::string::npos) {
+          EmitReasoning(std::string_view(buf_).substr(0, end), out);
+          buf_.erase(0, end + h.end.size());
+          mode_ = Mode::kHarmonyHeader;
+          continue;
+        }
+        const size_t keep = final ? 0 : PartialSuffix(buf_, h.end);
+        EmitReasoning(std::string_view(buf_).substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        return;
+      }
+      case Mode::kHarmonyText: {
+        size_t best = buf_.find(h.end);
+        size_t best_len = h.end.size();
+        int which = -1;  // -1: the message's end, else a stop sequence
+        for (size_t i = 0; i < opts_.stop_sequences.size(); ++i) {
+          const size_t p = buf_.find(opts_.stop_sequences[i]);
+          if (p != std::string::npos && (best == std::string::npos || p < best)) {
+            best = p;
+            best_len = opts_.stop_sequences[i].size();
+            which = static_cast<int>(i);
+          }
+        }
+        if (best != std::string::npos) {
+          EmitText(std::string_view(buf_).substr(0, best), out);
+          if (which >= 0) {
+            stopped_ = true;
+            matched_stop_ = opts_.stop_sequences[which];
+            buf_.clear();
+            held_ws_.clear();
+            return;
+          }
+          buf_.erase(0, best + best_len);
+          mode_ = Mode::kHarmonyHeader;
+          continue;
+        }
+        size_t keep = 0;
+        if (!final) {
+          keep = PartialSuffix(buf_, h.end);
+          for (const std::string& s : opts_.stop_sequences) keep = std::max(keep, PartialSuffix(buf_, s));
+        }
+        EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);
+        buf_.erase(0, buf_.size() - keep);
+        if (final) held_ws_.clear();
+        return;
+      }
+      case Mode::kHarmonyCall: {
+        // The arguments: an object, complete when it closes (json_depth_ 0: not begun, -1: the
+        // body is no object and runs to <|end|> or the end).
+        size_t i = 0;
+        bool closed = false;
+        for (; i < buf_.size() && !closed && json_depth_ >= 0; ++i) {
+          const char c = buf_[i];
+          if (json_depth_ == 0 && !IsWs(c) && c != '{') {
+            json_depth_ = -1;
+            break;
+          }
+          tool_buf_ += c;
+          if (JsonStringByte(c)) continue;
+          if (c == '{' || c == '[') {
+            ++json_depth_;
+          } else if ((c == '}' || c == ']') && json_depth_ > 0) {
+            closed = --json_depth_ == 0;
+          }
+        }
+        buf_.erase(0, i);
+        if (json_depth_ < 0) {
+          tool_buf_ += buf_;
+          buf_.clear();
+          const size_t end = tool_buf_.find(h.end);
+          if (end != std::string::npos) {
+            buf_ = tool_buf_.substr(end + h.end.size());
+            tool_buf_.resize(end);
+            closed = true;
+          }
+        }
+        if (!closed && !final) return;
+        // Closed, or cut off by the end (then it does not parse and is text).
+        const std::string body = std::move(tool_buf_);
+        tool_buf_.clear();
+        mode_ = Mode::kHarmonyHeader;
+        CompleteHarmonyCall(body, out);
+        if (final && buf_.empty()) return;
+        continue;
+      }
+      default:
+        return;  // the tagged modes: not used with harmony
     }
   }
 }

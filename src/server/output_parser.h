@@ -17,6 +17,15 @@
 //                objects (Mistral's `[TOOL_CALLS]` body, whose control token is not text; Llama
 //                3.x's `parameters` key is read as `arguments`); any other JSON is text.
 //
+// Harmony (gpt-oss, Options::harmony; model/chat_format.h HarmonyMarkup) has channels instead:
+//   reasoning  — the body of an analysis message.
+//   text       — the bodies of final messages and of commentary messages to no tool (preambles),
+//                stop sequences cut as above. Output without any harmony header is text too.
+//   tool calls — a message addressed `to=functions.NAME`: its body is the arguments object,
+//                complete when the object closes (the model's <|call|> that follows ends the
+//                generation), validated against NAME's schema; a body that does not parse or
+//                validate (unterminated, malformed, an unknown tool) is passed on as text.
+//
 // Text that may be the start of a marker ("</think>", "<tool_call>", a stop sequence) is held
 // back until it is decided, so nothing has to be taken back from a client. Input must be fed in
 // whole UTF-8 characters. Not thread-safe.
@@ -53,6 +62,11 @@ class OutputParser {
     std::string tool_call_prefill;
     ToolCallMarkup markup;
     std::string reasoning_end = ReasoningMarkupFor(ChatFamily::kChatML).end;  // ends the reasoning section
+    // OpenAI harmony channels instead of tags (the options above about reasoning and the
+    // prefill do not apply), starting after `turn_prefill`: what the prompt's open assistant
+    // turn already holds (model/chat_format.h OpenAssistantTurn).
+    bool harmony = false;
+    std::string turn_prefill;
   };
 
   explicit OutputParser(Options opts);
@@ -72,8 +86,23 @@ class OutputParser {
   // A bare JSON body at the answer's start: one call object, or an array of them; false (and the
   // body stays text) unless every one is a valid call.
   bool ParseBareToolCalls(const std::string& body, std::vector<ChatToolCall>* calls) const;
-  enum class Mode { kMaybeReasoning, kReasoning, kContent, kToolCall, kBareJson };
+  // kHarmony*: a message header up to <|message|>, a text body, a call's body (kReasoning: an
+  // analysis body).
+  enum class Mode {
+    kMaybeReasoning,
+    kReasoning,
+    kContent,
+    kToolCall,
+    kBareJson,
+    kHarmonyHeader,
+    kHarmonyText,
+    kHarmonyCall
+  };
   void Process(std::vector<ParsedEvent>* out, bool final);
+  void ProcessHarmony(std::vector<ParsedEvent>* out, bool final);  // output_parser_harmony.cpp
+  // kHarmonyHeader: starts the message whose header is `header`.
+  void StartHarmonyMessage(std::string_view header);
+  void CompleteHarmonyCall(const std::string& body, std::vector<ParsedEvent>* out);
   // kToolCall: where close_ starts in tool_buf_ outside the body's JSON strings, or npos.
   size_t FindToolCallClose();
   // Advances the JSON string state (json_in_string_, json_escape_) over c: true when c belongs
@@ -97,10 +126,14 @@ class OutputParser {
   bool stopped_ = false;
   std::string matched_stop_;
   int tool_calls_ = 0;
+  std::string call_name_;  // kHarmonyCall: the recipient after `functions.` (empty: another recipient)
 };
 
 // Parses a tool call body `{"name": ..., "arguments": {...}}` and validates it against `tools`.
 // Returns false with *why set when it is not a valid call.
 bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, ChatToolCall* call, std::string* why);
+// The call of tool `name` with `args` (an object), validated against `tools` as ParseToolCall does.
+bool ValidateToolCall(const std::string& name, nlohmann::ordered_json args, const std::vector<ChatTool>& tools,
+                      ChatToolCall* call, std::string* why);
 
 }  // namespace mr::server
