@@ -72,9 +72,10 @@ const KernelTable kScalar = {
     &ref::AttentionGqa,
     &ref::Glu,
     {&ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles,
-     &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles},
+     &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles, &ref::MatmulKTiles},
     {&ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles,
-     &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles}};
+     &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles, &ref::MatmulKGluTiles,
+     &ref::MatmulKGluTiles}};
 const KernelTable kAvx2 = {
     CpuVariant::kAvx2,
     &x86::QuantizeActsAvx2,
@@ -83,10 +84,10 @@ const KernelTable kAvx2 = {
     &x86::AttentionGqaAvx2,
     &x86::GluAvx2,
     {&x86::MatmulQ4KAvx2, &x86::MatmulQ6KAvx2, &x86::MatmulQ50Avx2, &x86::MatmulQ41Avx2, &x86::MatmulQ80Avx2,
-     &x86::MatmulQ40Avx2, &x86::MatmulQ5KAvx2, &x86::MatmulF16Avx2, &x86::MatmulBF16Avx2},
+     &x86::MatmulQ40Avx2, &x86::MatmulQ5KAvx2, &x86::MatmulF16Avx2, &x86::MatmulBF16Avx2, &x86::MatmulMXFP4Avx2},
     {&x86::MatmulQ4KGluAvx2, &x86::MatmulQ6KGluAvx2, &x86::MatmulQ50GluAvx2, &x86::MatmulQ41GluAvx2,
      &x86::MatmulQ80GluAvx2, &x86::MatmulQ40GluAvx2, &x86::MatmulQ5KGluAvx2, &x86::MatmulF16GluAvx2,
-     &x86::MatmulBF16GluAvx2}};
+     &x86::MatmulBF16GluAvx2, &x86::MatmulMXFP4GluAvx2}};
 // AVX-512 machines have AVX2: activation quantization and the GLU are shared.
 constexpr KernelTable kAvx512 = {
     CpuVariant::kAvx512,
@@ -96,10 +97,11 @@ constexpr KernelTable kAvx512 = {
     &x86::AttentionGqaAvx512,
     &x86::GluAvx2,
     {&x86::MatmulQ4KAvx512, &x86::MatmulQ6KAvx512, &x86::MatmulQ50Avx512, &x86::MatmulQ41Avx512, &x86::MatmulQ80Avx512,
-     &x86::MatmulQ40Avx512, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
+     &x86::MatmulQ40Avx512, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512,
+     &x86::MatmulMXFP4Avx512},
     {&x86::MatmulQ4KGluAvx512, &x86::MatmulQ6KGluAvx512, &x86::MatmulQ50GluAvx512, &x86::MatmulQ41GluAvx512,
      &x86::MatmulQ80GluAvx512, &x86::MatmulQ40GluAvx512, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512,
-     &x86::MatmulBF16GluAvx512}};
+     &x86::MatmulBF16GluAvx512, &x86::MatmulMXFP4GluAvx512}};
 // AVX-512 machines with AVX512-BF16: the AVX-512 table with attention on BF16 dot products
 // (constexpr, so still constant-initialized).
 constexpr KernelTable WithBf16Attention(KernelTable t, CpuVariant v, void (*attention)(const AttnChunk&, float*)) {
@@ -115,8 +117,10 @@ constexpr KernelTable WithPairCopies(KernelTable t) {
 constexpr KernelTable kAvx512Bf16 =
     WithPairCopies(WithBf16Attention(kAvx512, CpuVariant::kAvx512Bf16, &x86::AttentionGqaAvx512Bf16));
 // AMX machines: the AVX-512 table with the many-row matmuls of Q4_K, Q6_K and the 32-input
-// formats on AMX tiles (Q5_K and the float formats stay on AVX-512), and attention on AMX-BF16. An aggregate like the
-// others, so it is constant-initialized (no static-initialization order to depend on).
+// integer formats on AMX tiles (Q5_K, MXFP4 and the float formats stay on AVX-512: an MoE's
+// MXFP4 experts see few rows each, below the 16 the tiles need), and attention on AMX-BF16. An
+// aggregate like the others, so it is constant-initialized (no static-initialization order to
+// depend on).
 const KernelTable kAmx = {
     CpuVariant::kAmx,
     &x86::QuantizeActsAvx2,
@@ -125,9 +129,10 @@ const KernelTable kAmx = {
     &x86::AttentionGqaAmx,
     &x86::GluAvx2,
     {&x86::MatmulQ4KAmx, &x86::MatmulQ6KAmx, &x86::MatmulQ50Amx, &x86::MatmulQ41Amx, &x86::MatmulQ80Amx,
-     &x86::MatmulQ40Amx, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512},
+     &x86::MatmulQ40Amx, &x86::MatmulQ5KAvx512, &x86::MatmulF16Avx512, &x86::MatmulBF16Avx512, &x86::MatmulMXFP4Avx512},
     {&x86::MatmulQ4KGluAmx, &x86::MatmulQ6KGluAmx, &x86::MatmulQ50GluAmx, &x86::MatmulQ41GluAmx, &x86::MatmulQ80GluAmx,
-     &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512, &x86::MatmulBF16GluAvx512},
+     &x86::MatmulQ40GluAmx, &x86::MatmulQ5KGluAvx512, &x86::MatmulF16GluAvx512, &x86::MatmulBF16GluAvx512,
+     &x86::MatmulMXFP4GluAvx512},
     /*attention_bf16=*/true};
 
 }  // namespace

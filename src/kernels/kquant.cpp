@@ -126,6 +126,16 @@ void DequantBF16Block(const uint8_t* x, float* y) {
   }
 }
 
+// block_mxfp4: y = kvalues_mxfp4[q] * 2^(e - 128), low nibble of qs[j] input j, high input j + 16.
+void DequantMXFP4Block(const uint8_t* x, float* y) {
+  const float d = E8M0Half(x[0]);
+  const uint8_t* qs = x + 1;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(kMXFP4Values[qs[j] & 0x0F]) * d;
+    y[j + 16] = static_cast<float>(kMXFP4Values[qs[j] >> 4]) * d;
+  }
+}
+
 // KByteOffset as base + o * stride per ggml byte b, tabulated once per format.
 struct OffsetTable {
   int32_t base[kKMaxSuperBytes];
@@ -143,9 +153,9 @@ OffsetTable MakeTable(KFormat f) {
 
 const OffsetTable& Table(KFormat f) {
   static const OffsetTable tables[kKFormats] = {
-      MakeTable(KFormat::kQ4K),  MakeTable(KFormat::kQ6K),  MakeTable(KFormat::kQ5_0),
-      MakeTable(KFormat::kQ4_1), MakeTable(KFormat::kQ8_0), MakeTable(KFormat::kQ4_0),
-      MakeTable(KFormat::kQ5K),  MakeTable(KFormat::kF16),  MakeTable(KFormat::kBF16)};
+      MakeTable(KFormat::kQ4K),  MakeTable(KFormat::kQ6K),  MakeTable(KFormat::kQ5_0), MakeTable(KFormat::kQ4_1),
+      MakeTable(KFormat::kQ8_0), MakeTable(KFormat::kQ4_0), MakeTable(KFormat::kQ5K),  MakeTable(KFormat::kF16),
+      MakeTable(KFormat::kBF16), MakeTable(KFormat::kMXFP4)};
   return tables[static_cast<int>(f)];
 }
 
@@ -176,12 +186,18 @@ const char* KFormatName(KFormat f) {
       return "f16";
     case KFormat::kBF16:
       return "bf16";
+    case KFormat::kMXFP4:
+      return "mxfp4";
   }
   return "?";
 }
 
 int64_t KByteOffset(KFormat f, int64_t o, int64_t b) {
   if (KFormatIsFloat(f)) return 32 * (b / 2) + 2 * o + b % 2;  // value b/2 of the 16 rows side by side
+  if (f == KFormat::kMXFP4) {
+    if (b < 1) return o;            // e
+    return QsOffset(16, o, b - 1);  // qs
+  }
   if (f == KFormat::kQ8_0 || f == KFormat::kQ4_0) {
     if (b < 2) return 2 * o + b;    // d
     return QsOffset(32, o, b - 2);  // qs
@@ -226,18 +242,42 @@ KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols) {
   return m;
 }
 
+namespace {
+
+// An MXFP4 block the kernels can read: e = 0xFF is NaN in the OCP MX spec (ggml reads it as
+// 2^127), and with e >= 253 the larger codes overflow to infinity; either would turn outputs into
+// NaN, so the loader refuses them as it refuses the other formats' NaN / infinite scales.
+Status CheckMXFP4Block(const uint8_t* x, int64_t o, int64_t s) {
+  const std::string where = "[kquant] mxfp4 row " + std::to_string(o) + ", block " + std::to_string(s);
+  if (x[0] == 0xFF) return InvalidArgument(where + ": shared exponent e = 0xff (NaN), expected 0..254");
+  if (x[0] < 253) return Status::Ok();  // |y| <= 12 * 2^124 < FLT_MAX
+  float v[32];
+  DequantMXFP4Block(x, v);
+  for (int j = 0; j < 32; ++j) {
+    if (!std::isfinite(v[j])) {
+      return InvalidArgument(where + ", input " + std::to_string(s * 32 + j) + ": e = " + std::to_string(x[0]) +
+                             " overflows to infinity (expected a finite value)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst) {
   const KFormat f = dst->format;
   const int64_t sb = KSuperBytes(f), supers = dst->supers(), row_bytes = supers * sb;
   const OffsetTable& tab = Table(f);
-  const int64_t d_at = f == KFormat::kQ6K ? 208 : 0;                                    // f16 d
+  const int64_t d_at = f == KFormat::kQ6K ? 208 : 0;  // f16 d (MXFP4: CheckMXFP4Block)
   const bool second = f == KFormat::kQ4K || f == KFormat::kQ5K || f == KFormat::kQ4_1;  // f16 dmin / m after d
   for (int64_t t = t_begin; t < t_end; ++t) {
     for (int64_t o = t * kKTile; o < std::min((t + 1) * kKTile, dst->rows); ++o) {
       const int64_t r = o % kKTile;
       for (int64_t s = 0; s < supers; ++s) {
         const uint8_t* x = src + o * row_bytes + s * sb;
-        if (KFormatIsFloat(f)) {
+        if (f == KFormat::kMXFP4) {
+          MR_RETURN_IF_ERROR(CheckMXFP4Block(x, o, s));
+        } else if (KFormatIsFloat(f)) {
           float v[32];
           DequantizeKBlocks(f, x, v, 1);
           for (int j = 0; j < 32; ++j) {
@@ -390,6 +430,32 @@ void QuantQ6KBlock(const float* x, uint8_t* y) {
   }
 }
 
+// block_mxfp4 by ggml's quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127, so the largest
+// code (12, i.e. 6.0 in E2M1) times 2^(e - 128) is 1.5 * 2^floor(log2(amax)), and each value goes
+// to the code nearest it (the first of equals). ggml casts a negative e (amax < 2^-125) to uint8
+// (undefined behaviour); 0 here, the smallest scale.
+void QuantMXFP4Block(const float* x, uint8_t* y) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float fe = amax > 0.0f ? std::floor(std::log2(amax)) - 2 + 127 : 0.0f;
+  const auto e = static_cast<uint8_t>(std::clamp(fe, 0.0f, 254.0f));
+  const float d = E8M0Half(e);
+  auto nearest = [d](float v) {
+    int best = 0;
+    float best_err = std::fabs(kMXFP4Values[0] * d - v);
+    for (int i = 1; i < 16; ++i) {
+      const float err = std::fabs(kMXFP4Values[i] * d - v);
+      if (err < best_err) {
+        best = i;
+        best_err = err;
+      }
+    }
+    return best;
+  };
+  y[0] = e;
+  for (int j = 0; j < 16; ++j) y[1 + j] = static_cast<uint8_t>(nearest(x[j]) | (nearest(x[j + 16]) << 4));
+}
+
 }  // namespace
 
 bool QuantizeKBlocks(KFormat f, const float* x, uint8_t* y, int64_t nb) {
@@ -407,6 +473,9 @@ bool QuantizeKBlocks(KFormat f, const float* x, uint8_t* y, int64_t nb) {
         break;
       case KFormat::kF16:
         for (int i = 0; i < 32; ++i) StoreF16(x[i], y + 2 * i);
+        break;
+      case KFormat::kMXFP4:
+        QuantMXFP4Block(x, y);
         break;
       default:
         return false;
@@ -444,6 +513,9 @@ void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb) {
         break;
       case KFormat::kBF16:
         DequantBF16Block(x, y);
+        break;
+      case KFormat::kMXFP4:
+        DequantMXFP4Block(x, y);
         break;
     }
   }

@@ -1,13 +1,14 @@
 // Native weight formats: a GGUF file's own Q4_K / Q6_K / Q5_0 / Q4_1 / Q8_0 / Q4_0 / Q5_K / F16 /
-// BF16 words, reordered into tiles of kKTile = 16 output rows so that one 64-byte load holds 4
+// BF16 / MXFP4 words, reordered into tiles of kKTile = 16 output rows so that one 64-byte load holds 4
 // quant bytes of each of the 16 rows.
 // The repack is a pure permutation of the bytes of the ggml blocks (quants, f16 d/dmin/m, the
-// packed 6-bit or int8 scales and Q5_0's high bits stay as stored); UnpackK restores the file's
-// bytes exactly.
+// packed 6-bit or int8 scales, Q5_0's high bits and MXFP4's E8M0 exponents stay as stored);
+// UnpackK restores the file's bytes exactly.
 //
 // A matrix has `rows` outputs of `cols` inputs (cols a multiple of the format's block inputs,
-// KSuperInputs: 256 for the K-quants, 32 for Q5_0 / Q4_1 / Q8_0 / Q4_0). Tile t covers outputs 16t..16t+15 (the
-// last tile padded with zero rows: d = 0, so they contribute nothing). Tile t, super-block s
+// KSuperInputs: 256 for the K-quants, 32 for Q5_0 / Q4_1 / Q8_0 / Q4_0 / MXFP4). Tile t covers outputs
+// 16t..16t+15 (the last tile padded with zero rows: d = 0, so they contribute nothing; MXFP4's
+// padding has e = 0 and nibbles 0, value 0). Tile t, super-block s
 // (one ggml block per row: inputs s*KSuperInputs..) is one block of 16 * (ggml block bytes) at
 // (t * supers + s) * KBlockBytes(format). Inside a block, row o (0..15) of the tile:
 //
@@ -54,8 +55,16 @@
 //    the kernels widen to 16 FP32 lanes (vcvtph2ps, or a 16-bit shift for BF16).
 //    These float formats are read against the FP32 activations (QActs::x), not the int8 ones:
 //    the weights are exact and so are the activations, so the only error is the FP32 summation.
+//  MXFP4 (ggml block_mxfp4: e (E8M0 shared exponent), qs[16]; 32 inputs; 272-byte blocks):
+//    [0, 16)      e of row o at o
+//    [16, 272)    qs[b] at 16 + (b/4)*64 + 4o + b%4 (chunks as Q5_0: low nibbles inputs 4c..+3,
+//                 high nibbles 16 + 4c..+3)
+//    y = kvalues_mxfp4[nibble] * 2^(e - 128): the nibble is an E2M1 code whose value ggml doubles
+//    (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) and halves the E8M0 scale 2^(e - 127) to make up
+//    (ggml_e8m0_to_fp32_half, subnormal for e < 2). e = 0xFF (NaN in the OCP MX spec) is rejected.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -72,24 +81,26 @@ enum class KFormat : uint8_t {
   kQ4_0 = 5,
   kQ5K = 6,
   kF16 = 7,
-  kBF16 = 8
+  kBF16 = 8,
+  kMXFP4 = 9
 };
-constexpr int kKFormats = 9;
+constexpr int kKFormats = 10;
 // Every format, in KFormat order (tests and benchmarks iterate over it).
 constexpr KFormat kAllKFormats[] = {KFormat::kQ4K,  KFormat::kQ6K, KFormat::kQ5_0, KFormat::kQ4_1, KFormat::kQ8_0,
-                                    KFormat::kQ4_0, KFormat::kQ5K, KFormat::kF16,  KFormat::kBF16};
+                                    KFormat::kQ4_0, KFormat::kQ5K, KFormat::kF16,  KFormat::kBF16, KFormat::kMXFP4};
 static_assert(sizeof(kAllKFormats) / sizeof(kAllKFormats[0]) == kKFormats);
-constexpr int64_t kKTile = 16;           // output rows per tile
-constexpr int64_t kKSuper = 256;         // inputs per K-quant super-block (ggml QK_K)
-constexpr int64_t kKBlock32 = 32;        // inputs per Q5_0 / Q4_1 / Q8_0 / Q4_0 block (ggml QK5_0, ...)
-constexpr int64_t kQ4KSuperBytes = 144;  // sizeof(block_q4_K)
-constexpr int64_t kQ5KSuperBytes = 176;  // sizeof(block_q5_K)
-constexpr int64_t kQ6KSuperBytes = 210;  // sizeof(block_q6_K)
-constexpr int64_t kQ50BlockBytes = 22;   // sizeof(block_q5_0)
-constexpr int64_t kQ41BlockBytes = 20;   // sizeof(block_q4_1)
-constexpr int64_t kQ80BlockBytes = 34;   // sizeof(block_q8_0)
-constexpr int64_t kQ40BlockBytes = 18;   // sizeof(block_q4_0)
-constexpr int64_t kF16BlockBytes = 64;   // 32 F16 or BF16 values
+constexpr int64_t kKTile = 16;            // output rows per tile
+constexpr int64_t kKSuper = 256;          // inputs per K-quant super-block (ggml QK_K)
+constexpr int64_t kKBlock32 = 32;         // inputs per Q5_0 / Q4_1 / Q8_0 / Q4_0 / MXFP4 block (ggml QK5_0, ...)
+constexpr int64_t kQ4KSuperBytes = 144;   // sizeof(block_q4_K)
+constexpr int64_t kQ5KSuperBytes = 176;   // sizeof(block_q5_K)
+constexpr int64_t kQ6KSuperBytes = 210;   // sizeof(block_q6_K)
+constexpr int64_t kQ50BlockBytes = 22;    // sizeof(block_q5_0)
+constexpr int64_t kQ41BlockBytes = 20;    // sizeof(block_q4_1)
+constexpr int64_t kQ80BlockBytes = 34;    // sizeof(block_q8_0)
+constexpr int64_t kQ40BlockBytes = 18;    // sizeof(block_q4_0)
+constexpr int64_t kF16BlockBytes = 64;    // 32 F16 or BF16 values
+constexpr int64_t kMXFP4BlockBytes = 17;  // sizeof(block_mxfp4)
 constexpr int64_t kKMaxSuperBytes = kQ6KSuperBytes;
 
 // Inputs per super-block (one ggml block of one row) of format f.
@@ -115,6 +126,8 @@ constexpr int64_t KSuperBytes(KFormat f) {
     case KFormat::kF16:
     case KFormat::kBF16:
       return kF16BlockBytes;
+    case KFormat::kMXFP4:
+      return kMXFP4BlockBytes;
   }
   return 0;
 }
@@ -148,14 +161,15 @@ struct KMatrix {
 KMatrix NewKMatrix(KFormat f, int64_t rows, int64_t cols);
 // Copies the ggml blocks of the rows of tiles [t_begin, t_end) from `src` (row-major, row o at
 // src + o * row_bytes, row_bytes = supers * KSuperBytes) into `dst`. Returns an error naming the
-// row when a block's d or dmin (a value of an F16 / BF16 row) is NaN or infinite (nothing after
-// it is packed). Threads may fill
+// row when a block's d or dmin (a value of an F16 / BF16 row) is NaN or infinite, or an MXFP4
+// block's e is 0xFF or one of its values overflows to infinity (e >= 253; nothing after it is
+// packed). Threads may fill
 // disjoint tile ranges at once.
 Status PackKTiles(const uint8_t* src, int64_t t_begin, int64_t t_end, KMatrix* dst);
 // The ggml bytes of all real rows, row-major (the inverse permutation of PackKTiles).
 std::vector<uint8_t> UnpackK(const KMatrix& m);
 // Dequantizes output row o into dst[cols] with ggml's arithmetic (dequantize_row_q4_K, _q6_K,
-// _q5_0, _q4_1, _q8_0, _q4_0, _q5_K; F16 / BF16 widened exactly).
+// _q5_0, _q4_1, _q8_0, _q4_0, _q5_K, _mxfp4; F16 / BF16 widened exactly).
 void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
 // nb consecutive ggml blocks in file order -> nb * KSuperInputs(f) floats, bit-identical to
 // ggml-quants.c
@@ -163,9 +177,11 @@ void DequantizeKRow(const KMatrix& m, int64_t o, float* dst);
 void DequantizeKBlocks(KFormat f, const uint8_t* x, float* y, int64_t nb);
 
 // The inverse for writing files: nb * KSuperInputs(f) floats -> nb ggml blocks of format f, for
-// Q4_K, Q6_K, Q8_0 and F16 (false for the others). Plain round-to-nearest per block (Q8_0 is
-// ggml's quantize_row_q8_0_ref; Q4_K / Q6_K use each sub-block's range, not ggml's iterative
-// scale search, so they are valid files of those types at a little more error). Finite x only.
+// Q4_K, Q6_K, Q8_0, F16 and MXFP4 (false for the others). Plain round-to-nearest per block (Q8_0
+// is ggml's quantize_row_q8_0_ref, MXFP4 its quantize_row_mxfp4_ref: e = floor(log2(amax)) + 125,
+// each value to the nearest of the 16 codes, the first on a tie, e = 0 below 2^-125; Q4_K / Q6_K
+// use each sub-block's range, not ggml's iterative scale search, so they are valid files of
+// those types at a little more error). Finite x only.
 bool QuantizeKBlocks(KFormat f, const float* x, uint8_t* y, int64_t nb);
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes of a Q4_K / Q5_K
@@ -180,6 +196,14 @@ inline void KScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
     *sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
     *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// MXFP4: the E2M1 value of nibble q, doubled (ggml kvalues_mxfp4: sign bit 3, then 0, 0.5, 1,
+// 1.5, 2, 3, 4, 6 times 2), and the E8M0 exponent e as the matching half scale 2^(e - 128)
+// (ggml_e8m0_to_fp32_half's bits: subnormal 2^-128 and 2^-127 for e = 0 and 1).
+constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr float E8M0Half(uint8_t e) {
+  return std::bit_cast<float>(e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23);
 }
 
 }  // namespace mr

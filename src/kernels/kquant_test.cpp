@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -33,8 +35,8 @@ bool HasSecondScale(KFormat f) {
   return f == KFormat::kQ4K || f == KFormat::kQ5K || f == KFormat::kQ4_1;
 }
 
-// Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin;
-// F16 / BF16 rows of normally distributed values.
+// Row-major ggml blocks with random quants and scales and realistic (finite, small) d / dmin
+// (MXFP4: e in [116, 130], scales 2^-12..2^2); F16 / BF16 rows of normally distributed values.
 std::vector<uint8_t> RandomBlocks(KFormat f, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   if (KFormatIsFloat(f)) {
@@ -52,8 +54,13 @@ std::vector<uint8_t> RandomBlocks(KFormat f, int64_t rows, int64_t cols, uint32_
   const int64_t sb = KSuperBytes(f), n = rows * (cols / KSuperInputs(f));
   std::vector<uint8_t> v(static_cast<size_t>(n * sb));
   for (auto& b : v) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_int_distribution<int> exponent(116, 130);
   for (int64_t i = 0; i < n; ++i) {
     uint8_t* x = v.data() + i * sb;
+    if (f == KFormat::kMXFP4) {
+      x[0] = static_cast<uint8_t>(exponent(rng));
+      continue;
+    }
     PutF16(x + DOffset(f), scale(rng));
     if (HasSecondScale(f)) PutF16(x + 2, f == KFormat::kQ4_1 ? -scale(rng) : scale(rng));  // dmin / m
   }
@@ -123,7 +130,9 @@ TEST_P(KFormatTest, NonFiniteScaleIsRejectedWithItsRow) {
   // 17's first block.
   const int64_t per_row = 256 / KSuperInputs(f);
   uint8_t* at = src.data() + 17 * per_row * KSuperBytes(f) + (HasSecondScale(f) ? 2 : DOffset(f));
-  if (f == KFormat::kBF16) {
+  if (f == KFormat::kMXFP4) {
+    *at = 0xFF;  // e: NaN in the OCP MX spec
+  } else if (f == KFormat::kBF16) {
     const uint16_t inf = F32ToBf16(INFINITY);
     std::memcpy(at, &inf, 2);
   } else {
@@ -178,6 +187,127 @@ TEST(KQuantize, WrittenBlocksReadBackWithinTheFormatsStep) {
   for (KFormat f : {KFormat::kQ5_0, KFormat::kQ4_1, KFormat::kQ4_0, KFormat::kQ5K, KFormat::kBF16}) {
     EXPECT_FALSE(QuantizeKBlocks(f, x.data(), q.data(), 1)) << KFormatName(f);
   }
+}
+
+// ---- MXFP4, from the OCP Microscaling Formats (MX) v1.0 spec rather than ggml's tables --------
+
+// An E2M1 element: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0; exponent 0 is
+// subnormal (0 or 0.5). Largest magnitude 6.
+double E2M1(int q) {
+  const int ex = (q >> 1) & 3, m = q & 1;
+  const double mag = ex == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, ex - 1);
+  return (q & 8) ? -mag : mag;
+}
+// An MX element q under E8M0 exponent e (scale 2^(e - 127)) as a float: infinite past FLT_MAX.
+float MxValue(int q, int e) {
+  const double v = E2M1(q) * std::ldexp(1.0, e - 127);
+  if (std::fabs(v) > std::numeric_limits<float>::max()) return v > 0 ? INFINITY : -INFINITY;
+  return static_cast<float>(v);
+}
+// One block_mxfp4: e, then qs[j] = input j (low nibble) | input j + 16 (high nibble).
+std::vector<uint8_t> MxBlock(int e, const int (&q)[32]) {
+  std::vector<uint8_t> b(17);
+  b[0] = static_cast<uint8_t>(e);
+  for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+  return b;
+}
+
+// Every code in both nibble positions, at the extreme exponents (2^-127 and 2^-126 are the
+// subnormal scales ggml special-cases) and in between, against the spec's values: the reader's
+// DequantizeKBlocks and, through the tiles, DequantizeKRow.
+TEST(KMXFP4, DequantizesEveryCodeAndExponentAsTheSpecSays) {
+  int q[32];
+  for (int j = 0; j < 16; ++j) {
+    q[j] = j;            // low nibbles: codes 0..15
+    q[j + 16] = 15 - j;  // high nibbles: codes 15..0
+  }
+  for (int e : {0, 1, 2, 3, 64, 126, 127, 128, 200, 252, 253, 254}) {
+    const std::vector<uint8_t> b = MxBlock(e, q);
+    float y[32];
+    DequantizeKBlocks(KFormat::kMXFP4, b.data(), y, 1);
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(y[i], MxValue(q[i], e)) << "e " << e << ", input " << i << ", code " << q[i];
+    if (e >= 253) continue;  // its codes of 8 (253) or 4 (254) and up overflow: PackKTiles refuses the block
+    KMatrix m = NewKMatrix(KFormat::kMXFP4, 3, 32);
+    std::vector<uint8_t> rows(3 * 17, 0);
+    std::copy(b.begin(), b.end(), rows.begin() + 17);  // row 1 of 3
+    ASSERT_TRUE(PackKTiles(rows.data(), 0, 1, &m).ok()) << "e " << e;
+    float z[32];
+    DequantizeKRow(m, 1, z);
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(z[i], y[i]) << "packed, e " << e << ", input " << i;
+  }
+}
+
+// e = 0xFF is NaN in the spec; with e = 253 / 254 the larger codes overflow. Both are refused with
+// the row; the largest codes that stay finite are not.
+TEST(KMXFP4, PackRefusesNanExponentsAndOverflowingValues) {
+  struct Case {
+    int e, code;
+    bool ok;
+  };
+  for (const Case c :
+       {Case{0xFF, 0, false}, Case{254, 4, false}, Case{254, 12, false}, Case{254, 3, true}, Case{254, 11, true},
+        Case{253, 5, true}, Case{253, 6, false}, Case{253, 15, false}, Case{252, 7, true}, Case{252, 15, true}}) {
+    int q[32] = {};
+    q[21] = c.code;
+    std::vector<uint8_t> rows(5 * 2 * 17, 0);
+    const std::vector<uint8_t> b = MxBlock(c.e, q);
+    std::copy(b.begin(), b.end(), rows.begin() + (3 * 2 + 1) * 17);  // row 3, second block
+    KMatrix m = NewKMatrix(KFormat::kMXFP4, 5, 64);
+    const Status st = PackKTiles(rows.data(), 0, m.tiles(), &m);
+    ASSERT_EQ(st.ok(), c.ok) << "e " << c.e << ", code " << c.code << ": " << st.message();
+    if (!c.ok) {
+      EXPECT_NE(st.message().find("row 3, block 1"), std::string::npos) << st.message();
+    }
+  }
+}
+
+// QuantizeKBlocks follows quantize_row_mxfp4_ref: e = floor(log2(amax)) + 125 (here from frexp;
+// 0 for an all-zero block and below 2^-125), and every value decodes to a code nearest to it among
+// the 16 (so within half a step of the grid, or past its end by what the largest code cannot
+// reach: at most 4 * 2^(e - 128)).
+TEST(KMXFP4, QuantizeTakesTheMaxExponentAndTheNearestCode) {
+  const int64_t nb = 64;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(nb * 32);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int k = static_cast<int>(b % 41) - 20;  // block magnitudes 2^-20 .. 2^20
+    for (int i = 0; i < 32; ++i) x[b * 32 + i] = std::ldexp(g(rng), k);
+  }
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // block 1: all zero
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // block 2: one subnormal value
+  x[64 + 5] = std::ldexp(1.0f, -130);
+  for (int i = 0; i < 32; ++i) x[96 + i] = (i % 3) * 0.25f;  // block 3: amax 0.5, a power of two
+  x[128 + 7] = -std::ldexp(1.0f, 100);                       // block 4: a large negative outlier
+  std::vector<uint8_t> q(nb * 17);
+  ASSERT_TRUE(QuantizeKBlocks(KFormat::kMXFP4, x.data(), q.data(), nb));
+  std::vector<float> y(nb * 32);
+  DequantizeKBlocks(KFormat::kMXFP4, q.data(), y.data(), nb);
+  double err = 0, norm = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    int ex = 0;
+    std::frexp(amax, &ex);  // amax = m * 2^ex, m in [0.5, 1): floor(log2(amax)) = ex - 1
+    const int want_e = amax > 0 ? std::max(0, ex + 124) : 0;
+    ASSERT_EQ(q[b * 17], want_e) << "block " << b << ", amax " << amax;
+    const double d = std::ldexp(1.0, want_e - 127);  // the spec's scale of the undoubled codes
+    for (int i = 0; i < 32; ++i) {
+      const double xi = x[b * 32 + i], yi = y[b * 32 + i];
+      double best = INFINITY;
+      for (int c = 0; c < 16; ++c) best = std::min(best, std::fabs(E2M1(c) * d - xi));
+      ASSERT_LE(std::fabs(yi - xi), best * (1 + 1e-6))
+          << "block " << b << ", input " << i << ": " << xi << " -> " << yi;
+      ASSERT_LE(std::fabs(yi - xi), 2 * d) << "block " << b << ", input " << i;
+      if (b >= 5) {
+        err += (xi - yi) * (xi - yi) / (d * d);
+        norm += xi * xi / (d * d);
+      }
+    }
+  }
+  const double rel = std::sqrt(err / norm);  // Gaussian blocks, each in units of its own scale
+  EXPECT_LT(rel, 0.2);
+  std::printf("[mxfp4] relative rms error %.4f\n", rel);
 }
 
 std::vector<float> RandomActs(int64_t n, uint32_t seed) {
@@ -280,19 +410,21 @@ TEST_P(KKernelTest, MatmulMatchesReferenceOnOddSizes) {
 
 // The integer bounds the kernels rely on (int16 partial sums, vpmaddubsw's saturation, int32
 // sums): every quant byte at an extreme (0xFF: the largest nibbles and 5-/6-bit quants with every
-// high bit, and the largest scales and mins; 0x80: Q8_0's -128) against activations that all
-// quantize to +127 or -127, so every product has the same sign and the largest magnitude.
+// high bit, and the largest scales and mins; 0x80: Q8_0's -128; 0x77: MXFP4's +12 in both nibbles,
+// the largest u8 weight, 24, after its offset) against activations that all quantize to +127 or
+// -127, so every product has the same sign and the largest magnitude.
 TEST_P(KKernelTest, ExtremeQuantsAndActivationsStayExact) {
   const auto [cpu, f] = GetParam();
   if (KFormatIsFloat(f)) GTEST_SKIP() << KFormatName(f) << ": FP32 arithmetic, no integer bounds to test";
   const KernelTable& k = GetKernels(cpu);
   const int64_t cols = 512, out = 17, n = 17;  // two 8-row groups and one more; an AMX block and a tail
-  for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
+  for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}, uint8_t{0x77}}) {
     auto src = RandomBlocks(f, out, cols, 5);
     const int64_t sb = KSuperBytes(f), d_at = DOffset(f);
     for (size_t i = 0; i < src.size(); ++i) {
       const int64_t b = static_cast<int64_t>(i) % sb;
-      const bool scale_field = (b >= d_at && b < d_at + 2) || (HasSecondScale(f) && b >= 2 && b < 4);
+      const bool scale_field =
+          f == KFormat::kMXFP4 ? b == 0 : (b >= d_at && b < d_at + 2) || (HasSecondScale(f) && b >= 2 && b < 4);
       if (!scale_field) src[i] = fill;
     }
     const KMatrix m = Pack(f, src, out, cols);
@@ -382,6 +514,43 @@ std::vector<KCase> AllCases() {
 INSTANTIATE_TEST_SUITE_P(AllVariants, KKernelTest, ::testing::ValuesIn(AllCases()), [](const auto& info) {
   return std::string(CpuVariantName(info.param.cpu)) + "_" + KFormatName(info.param.format);
 });
+
+// MXFP4 rows whose every block has one exponent, the subnormal scales of e = 0 and 1 included
+// (the kernels build 2^(e - 128) from bits with a separate case below e = 2), against the scalar
+// reference with a purely relative tolerance, so the tiny rows are checked as closely as the rest.
+class MXFP4KernelTest : public ::testing::TestWithParam<CpuVariant> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupports(GetParam())) GTEST_SKIP() << CpuVariantName(GetParam()) << " not supported on this CPU: skipped";
+  }
+};
+
+TEST_P(MXFP4KernelTest, EveryExponentRangeMatchesReference) {
+  const KFormat f = KFormat::kMXFP4;
+  const KernelTable& k = GetKernels(GetParam());
+  const int64_t cols = 512, out = 35, per_row = cols / 32;
+  auto src = RandomBlocks(f, out, cols, 31);
+  const int exps[] = {0, 1, 2, 3, 60, 127, 180};
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < per_row; ++b) src[(o * per_row + b) * 17] = static_cast<uint8_t>(exps[o % 7]);
+  }
+  const KMatrix m = Pack(f, src, out, cols);
+  for (int64_t n : {1, 2, 5, 8, 19}) {
+    const auto ap = Quantize(RandomActs(n * cols, 32 + static_cast<uint32_t>(n)), n, cols);
+    std::vector<float> y_ref(n * out), y(n * out);
+    ref::MatmulKInt(m, *ap, n, y_ref.data(), out, 0, out);
+    k.matmul_k[static_cast<int>(f)](m, *ap, n, y.data(), out, 0, m.tiles());
+    for (int64_t i = 0; i < n * out; ++i) {
+      const double scale = AbsDot(m, i % out, *ap, i / out);
+      ASSERT_GT(scale, 0.0);
+      ASSERT_NEAR(y[i], y_ref[i], RelTol(f) * scale)
+          << "n " << n << ", output " << i % out << ", e " << exps[i % out % 7];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, MXFP4KernelTest, ::testing::ValuesIn(kAllCpuVariants),
+                         [](const auto& info) { return std::string(CpuVariantName(info.param)); });
 
 }  // namespace
 }  // namespace mr

@@ -1,7 +1,7 @@
 // The weight-matrix abstraction of the fast path: one matrix in the format its kernels read,
 // with the format tag deciding the kernel. Q8/g64 (q8.h) is the converted format, for every
-// GGUF type; Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16 and BF16 (kquant.h) keep the file's own
-// words, only reordered into tiles.
+// GGUF type; Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16, BF16 and MXFP4 (kquant.h) keep the
+// file's own words, only reordered into tiles.
 // A new format adds a tag, a member and a case here (and its kernels in KernelTable); callers
 // (the model's forward pass) only see tiles, bytes and these entry points.
 #pragma once
@@ -26,7 +26,8 @@ enum class WeightFormat : uint8_t {
   kQ4_0 = 6,
   kQ5K = 7,
   kF16 = 8,
-  kBF16 = 9
+  kBF16 = 9,
+  kMXFP4 = 10
 };
 const char* WeightFormatName(WeightFormat f);
 constexpr WeightFormat NativeWeightFormat(KFormat f) {

@@ -397,6 +397,54 @@ struct Q40 : D16Block {
   }
 };
 
+// MXFP4: the nibbles through MXFP4ShuffleTable (vpshufb) to u8 weights kvalue + 12 in [0, 24];
+// vpmaddubsw summed in int16 over the block's 4 chunks of low and of high nibbles apart (each
+// <= 4 * 2 * 24 * 127, no overflow; all 8 together could reach 48768), vpmaddwd by ones, then
+// the offset 12 * sum(x) and one FP step as Q4_0 with d = 2^(e - 128).
+
+// 2^(e - 128) for rows 8h..8h+7's E8M0 bytes at e (E8M0Half): (e - 1) << 23 as float bits for
+// e >= 2, the subnormals 0x200000 << e for e = 0, 1.
+inline __m256 E8M0Half8(const uint8_t* e) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e)));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+  const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v)));
+}
+
+struct MXFP4 {
+  static constexpr KFormat kFormat = KFormat::kMXFP4;
+  using Scales = D16Half;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, int h, D16Half* m) { m->d = E8M0Half8(blk + 8 * h); }
+
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, int h, const D16Half& m, const ActRows& a, int64_t s,
+                                          __m256* acc) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), table = _mm256_broadcastsi128_si256(MXFP4ShuffleTable());
+    __m256i slo[R], shi[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) slo[r] = shi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 64 * c + 32 * h));
+      const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m0f));
+      const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        slo[r] = _mm256_add_epi16(slo[r], _mm256_maddubs_epi16(lo, Bcast4(a.template X4<R>(i0 + 4 * c, r))));
+        shi[r] = _mm256_add_epi16(shi[r], _mm256_maddubs_epi16(hi, Bcast4(a.template X4<R>(i0 + 16 + 4 * c, r))));
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(slo[r], ones), _mm256_madd_epi16(shi[r], ones));
+      acc[r] = ScaleBlock<kMXFP4Offset>(sum, a, r, i0, m.d, acc[r]);
+    }
+  }
+};
+
 // The tile kernel of format F (Q4K, Q6K, ...): up to kKRows rows with their accumulators (two
 // halves of 8 outputs each) kept over the whole tile, in registers where the 16 ymm allow; per
 // super-block and half tile F's scales are decoded once, then the rows run in passes of up to
@@ -524,5 +572,6 @@ MR_DEFINE_K_KERNELS(Q80, Avx2, KTile<Q80>)
 MR_DEFINE_K_KERNELS(Q40, Avx2, KTile<Q40>)
 MR_DEFINE_K_KERNELS(F16, Avx2, FTile<false>)
 MR_DEFINE_K_KERNELS(BF16, Avx2, FTile<true>)
+MR_DEFINE_K_KERNELS(MXFP4, Avx2, KTile<MXFP4>)
 
 }  // namespace mr::x86

@@ -510,6 +510,49 @@ struct Q40 : D16Block {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// MXFP4: 32-input blocks, one E8M0 exponent per (row, block). A vpshufb of each nibble through
+// MXFP4ShuffleTable gives u8 weights kvalue + 12 in [0, 24] for vpdpbusd, and ggml's values come
+// back as sum((kvalue + 12) x) - 12 sum(x) per (row, block), exact in int32 (|sum| <= 32 * 24 *
+// 127), then one FP step d * xs * dot with d = 2^(e - 128): Q4_0's structure with a table
+// instead of an offset nibble.
+
+// 2^(e - 128) for the 16 rows' E8M0 bytes at e (E8M0Half): (e - 1) << 23 as float bits for e >= 2,
+// the subnormals 0x200000 << e for e = 0, 1.
+inline __m512 E8M0Half16(const uint8_t* e) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e)));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(1)), 23);
+  const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), v);
+  return _mm512_castsi512_ps(
+      _mm512_mask_mov_epi32(normal, _mm512_cmplt_epu32_mask(v, _mm512_set1_epi32(2)), subnormal));
+}
+
+struct MXFP4 {
+  static constexpr KFormat kFormat = KFormat::kMXFP4;
+  static constexpr int kHeadBytes = 16;  // e, before the quants
+  static constexpr int kPassRows = 8;    // as Q4_0: 8 rows' sums and accumulators fit the registers
+  using Scales = D16Scales;
+
+  [[gnu::always_inline]] static void Decode(const uint8_t* blk, D16Scales* m) { m->d = E8M0Half16(blk); }
+
+  template <int R>
+  [[gnu::always_inline]] static void Pass(const uint8_t* blk, const D16Scales& m, const ActRows& a, int64_t s,
+                                          __m512* acc, __m512*) {
+    const int64_t i0 = s * mr::kKBlock32;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), table = _mm512_broadcast_i32x4(MXFP4ShuffleTable());
+    DotSets<R> dots;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(blk + kHeadBytes + 64 * c);
+      const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m0f));
+      const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f));
+      dots.Add(lo, hi, a, i0 + 4 * c);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = ScaleBlock<kMXFP4Offset>(dots.Sum(r), a, r, i0, m.d, acc[r]);
+  }
+};
+
 // The tile kernel of format F (Q4K, Q6K, ...): up to kKRows rows with their accumulators in
 // registers over the whole tile; per super-block F's scales are decoded once and the rows run in
 // passes of up to F::kPassRows against the block while it is in L1.
@@ -1095,5 +1138,6 @@ MR_DEFINE_K_KERNELS(Q80, Avx512, KTile<Q80>)
 MR_DEFINE_K_KERNELS(Q40, Avx512, KTile<Q40>)
 MR_DEFINE_K_KERNELS(F16, Avx512, FTile<false>)
 MR_DEFINE_K_KERNELS(BF16, Avx512, FTile<true>)
+MR_DEFINE_K_KERNELS(MXFP4, Avx512, KTile<MXFP4>)
 
 }  // namespace mr::x86

@@ -114,6 +114,21 @@ inline void PrefetchAhead(const uint8_t* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + d + i), _MM_HINT_T0);
 }
 
+// MXFP4: the 16 doubled E2M1 values plus kMXFP4Offset (u8 in [0, 24]) as a vpshufb table, so a
+// nibble becomes an unsigned weight in one byte shuffle; the offset times the activations' sum
+// comes off the integer dot product (as Q4_0's 8).
+constexpr int kMXFP4Offset = 12;
+inline __m128i MXFP4ShuffleTable() {
+  alignas(16) static constexpr auto kTable = [] {
+    struct {
+      uint8_t b[16];
+    } t{};
+    for (int i = 0; i < 16; ++i) t.b[i] = static_cast<uint8_t>(mr::kMXFP4Values[i] + kMXFP4Offset);
+    return t;
+  }();
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(kTable.b));
+}
+
 inline void StoreKTile(const float* out, int64_t rows, int64_t t, float* y) {
   const int64_t o0 = t * kKTile, n = rows - o0 < kKTile ? rows - o0 : kKTile;
   std::memcpy(y + o0, out, static_cast<size_t>(n) * sizeof(float));
