@@ -125,6 +125,11 @@ WeightMatrix RandomWeights(WeightFormat f, int64_t rows, int64_t cols, XorShift&
     return w;
   }
   for (uint8_t& b : w.k.data) b = static_cast<uint8_t>(rng.Next());
+  if (kf == KFormat::kMXFP4) {  // e of the 16 rows at o: 2^(120 - 128), values up to 12 / 256
+    for (int64_t i = 0; i < w.k.tiles() * w.k.supers(); ++i)
+      std::memset(w.k.data.data() + i * KBlockBytes(kf), 120, kKTile);
+    return w;
+  }
   // Finite f16 d (and dmin / m) for the 16 rows of every block (kquant.h layouts: d at 2o, dmin or
   // m at 32 + 2o).
   const uint16_t d = F32ToF16(0.001f);

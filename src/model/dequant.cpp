@@ -26,6 +26,7 @@ constexpr uint32_t kTypeQ4_K = 12;
 constexpr uint32_t kTypeQ5_K = 13;
 constexpr uint32_t kTypeQ6_K = 14;
 constexpr uint32_t kTypeBF16 = 30;
+constexpr uint32_t kTypeMXFP4 = 39;
 
 constexpr int64_t kQK = 32;     // elements per block of the legacy quants (QK4_0 ... QK8_0)
 constexpr int64_t kQK_K = 256;  // elements per K-quant super-block
@@ -93,6 +94,7 @@ int64_t BlockElems(uint32_t type) {
     case kTypeQ5_0:
     case kTypeQ5_1:
     case kTypeQ8_0:
+    case kTypeMXFP4:
       return kQK;
     case kTypeQ4_K:
     case kTypeQ5_K:
@@ -154,6 +156,15 @@ Status DequantizeRow(uint32_t type, const void* src, float* dst, int64_t n) {
       break;
     case kTypeQ6_K:  // block_q6_K: 16 sub-blocks of 16, y = d*sc*(q - 32) (kernels/kquant.cpp)
       DequantizeKBlocks(KFormat::kQ6K, x, dst, nb);
+      break;
+    case kTypeMXFP4:  // block_mxfp4: y = kvalues_mxfp4[q] * 2^(e - 128) (kernels/kquant.cpp)
+      for (int64_t b = 0; b < nb; ++b) {
+        if (x[b * kMXFP4BlockBytes] == 0xFF) {  // NaN in the OCP MX spec; ggml would read 2^127
+          return InvalidArgument("[dequant] mxfp4 block " + std::to_string(b) +
+                                 ": shared exponent e = 0xff (NaN), expected 0..254");
+        }
+      }
+      DequantizeKBlocks(KFormat::kMXFP4, x, dst, nb);
       break;
     default:
       return Internal("[dequant] unreachable type " + std::to_string(type));

@@ -22,7 +22,7 @@ namespace {
 
 // ggml type ids (ggml.h).
 constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13,
-                   kQ6_K = 14, kBF16 = 30;
+                   kQ6_K = 14, kBF16 = 30, kMXFP4 = 39;
 
 // Half-precision constants, written as bit patterns so the tests do not depend on F32ToF16.
 constexpr uint16_t kH0_5 = 0x3800;     // 0.5
@@ -375,6 +375,29 @@ TEST(DequantQ6_K, HandWrittenBlock) {
   EXPECT_EQ(y[64], 0.0f);  // scale 4 is 0
 }
 
+// ---- MXFP4 ---------------------------------------------------------------------------------
+
+// block_mxfp4 (17 bytes): e, the E8M0 shared exponent (scale 2^(e - 127)), then qs[16]; element
+// j < 16 is the E2M1 code in the low nibble of qs[j], element j >= 16 the high nibble of
+// qs[j - 16]. The codes' values as the OCP MX v1.0 spec lists them (sign bit 3).
+constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+TEST(DequantMXFP4, EveryCodeTimesTheSharedScale) {
+  const int exps[] = {127, 130, 100, 0, 1};  // scales 1, 8, 2^-27 and the subnormal 2^-127, 2^-126
+  std::vector<uint8_t> b(5 * 17, 0);
+  for (int k = 0; k < 5; ++k) {
+    b[17 * k] = static_cast<uint8_t>(exps[k]);
+    for (int j = 0; j < 32; ++j) PutNibble(b, 17 * k + 1, j, (j + k) % 16);
+  }
+  const std::vector<float> y = Dequant(kMXFP4, b, 160);
+  for (int k = 0; k < 5; ++k) {
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(y[32 * k + j], std::ldexp(kE2M1[(j + k) % 16], exps[k] - 127)) << "block " << k << ", element " << j;
+    }
+  }
+}
+
 // ---- Float types ---------------------------------------------------------------------------
 
 TEST(DequantFloat, F32F16BF16) {
@@ -480,9 +503,16 @@ TEST(DequantErrors, UnsupportedTypesAndBadCounts) {
     EXPECT_FALSE(st.ok()) << t;
     EXPECT_NE(st.message().find(std::to_string(t)), std::string::npos) << st.message();
   }
-  for (uint32_t t : {kF32, kF16, kBF16, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K}) {
+  for (uint32_t t : {kF32, kF16, kBF16, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K, kMXFP4}) {
     EXPECT_TRUE(CanDequantize(t)) << t;
   }
+  // An MXFP4 shared exponent of 0xFF is NaN in the MX spec (ggml would read it as 2^127).
+  std::vector<uint8_t> mx(3 * 17, 0);
+  mx[2 * 17] = 0xFF;
+  Status st = DequantizeRow(kMXFP4, mx.data(), y.data(), 96);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("mxfp4 block 2"), std::string::npos) << st.message();
+  EXPECT_TRUE(DequantizeRow(kMXFP4, mx.data(), y.data(), 64).ok());
   EXPECT_FALSE(DequantizeRow(kQ8_0, b.data(), y.data(), 33).ok());
   EXPECT_FALSE(DequantizeRow(kQ4_K, b.data(), y.data(), 128).ok());
   EXPECT_FALSE(DequantizeRow(kF32, b.data(), y.data(), -1).ok());

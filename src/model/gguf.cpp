@@ -42,6 +42,7 @@ const TypeTraits kI16 = {"i16", 1, 2};
 const TypeTraits kI32 = {"i32", 1, 4};
 const TypeTraits kI64 = {"i64", 1, 8};
 const TypeTraits kF64 = {"f64", 1, 8};
+const TypeTraits kMxfp4 = {"mxfp4", 32, 17};
 
 bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
@@ -299,6 +300,8 @@ const TypeTraits* GetTypeTraits(uint32_t type) {
       return &kI64;
     case TensorType::kF64:
       return &kF64;
+    case TensorType::kMXFP4:
+      return &kMxfp4;
     default:
       return nullptr;
   }

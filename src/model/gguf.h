@@ -43,6 +43,7 @@ enum class TensorType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  kMXFP4 = 39,  // block_mxfp4: E8M0 shared exponent, 16 bytes of E2M1 nibbles per 32 elements
 };
 
 struct TypeTraits {

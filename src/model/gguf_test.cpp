@@ -23,7 +23,7 @@
 namespace mr::gguf {
 namespace {
 
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30, kMXFP4 = 39;
 
 std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   std::vector<uint8_t> b(n);
@@ -171,7 +171,7 @@ TEST(GgufRoundTrip, TensorsOfManyTypesDataAndLayout) {
       {"f32", kF32, {3, 5}, 60},          {"f16", kF16, {7}, 14},
       {"bf16", kBF16, {2, 2, 2}, 16},     {"q4_0", kQ4_0, {64, 3}, 2 * 3 * 18},
       {"q8_0", kQ8_0, {32, 1, 1, 2}, 68}, {"q4_k", kQ4_K, {256, 2}, 288},
-      {"q6_k", kQ6_K, {512}, 420},
+      {"q6_k", kQ6_K, {512}, 420},        {"mxfp4", kMXFP4, {64, 3, 2}, 2 * 3 * 2 * 17},
   };
   for (size_t k = 0; k < specs.size(); ++k) {
     ASSERT_TRUE(
@@ -200,6 +200,10 @@ TEST(GgufRoundTrip, TensorsOfManyTypesDataAndLayout) {
   EXPECT_EQ(t->rows(), 5);
   EXPECT_EQ(t->n_elements, 15);
   EXPECT_EQ((*f)->FindTensor("nope"), nullptr);
+  // MXFP4 (ggml type 39): blocks of 32 elements in 17 bytes.
+  EXPECT_EQ(TypeName(kMXFP4), "mxfp4");
+  EXPECT_EQ((*f)->FindTensor("mxfp4")->row_bytes(), 2u * 17);
+  EXPECT_FALSE(w.AddTensor("mxfp4_48", kMXFP4, {48}, Bytes(34, 0)).ok());  // not a whole block
 }
 
 TEST(GgufRoundTrip, CustomAlignment) {

@@ -250,6 +250,9 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
     case gguf::TensorType::kBF16:
       *f = KFormat::kBF16;
       return true;
+    case gguf::TensorType::kMXFP4:
+      *f = KFormat::kMXFP4;
+      return true;
     default:
       return false;
   }
