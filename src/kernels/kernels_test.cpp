@@ -221,7 +221,8 @@ struct AttnCase {
   int64_t hd, n_q, n_rows, n_pos;
   std::vector<uint16_t> K, V;
   std::vector<float> q;
-  float softcap = 0.0f;  // gemma2's attention logit soft-capping (0: none)
+  float softcap = 0.0f;      // gemma2's attention logit soft-capping (0: none)
+  std::vector<float> sinks;  // gpt-oss's attention sinks, one logit per query head (empty: none)
   static constexpr int64_t kKvHeads = 2, kHead = 1;
   AttnCase(int64_t hd_, int64_t n_q_, int64_t n_rows_, int64_t n_pos_, uint32_t seed)
       : hd(hd_), n_q(n_q_), n_rows(n_rows_), n_pos(n_pos_) {
@@ -255,6 +256,7 @@ struct AttnCase {
                 out + r0 * q_stride(),
                 q_stride(),
                 softcap};
+    a.sinks = sinks.empty() ? nullptr : sinks.data();
     a.kpairs = kp;
     a.vpairs = vp;
     a.pair_blocks = pair_blocks;
@@ -302,7 +304,10 @@ struct AttnCase {
     constexpr int64_t kBf16Block = 32;
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     std::vector<double> s(hi - lo), w(hi - lo);
-    double mx = -1e30;
+    // A sink is a position of value zero that every row sees, ahead of the others: kernels start
+    // their running max at it.
+    const double sink = sinks.empty() ? -1e30 : sinks[static_cast<size_t>(h)];
+    double mx = sink;
     for (int64_t j = lo; j < hi; ++j) {
       double dot = 0;
       for (int64_t x = 0; x < hd; ++x) {
@@ -314,7 +319,7 @@ struct AttnCase {
       mx = std::max(mx, s[j - lo]);
     }
     std::vector<bool> near(hi - lo, false);
-    double run = -1e30, sum = 0;
+    double run = sink, sum = sinks.empty() ? 0 : std::exp(sink - mx);
     for (int64_t j = lo; j < hi; ++j) {
       if (!bf16) {
         w[j - lo] = std::exp(s[j - lo] - mx);
@@ -394,6 +399,41 @@ TEST_P(VariantTest, AttentionSoftcapMatchesExact) {
       }
     }
     EXPECT_GT(moved, 1e-2) << "hd " << hd << ": the cap must change the result";
+  }
+}
+
+// Attention sinks (gpt-oss): a logit per query head in every softmax's denominator, on every path
+// and head size, rows alone and in a chunk; sinks near the scores' scale change every output, so
+// ignoring them fails, and a sink far above the scores leaves almost nothing of the values.
+TEST_P(VariantTest, AttentionSinksMatchExact) {
+  const KernelTable& k = GetKernels(GetParam());
+  for (int64_t hd : {12, 40, 64, 128}) {
+    const int64_t n_rows = 5, p0 = 40, n_q = 3;
+    AttnCase c(hd, n_q, n_rows, p0 + n_rows, 37);
+    std::vector<int64_t> lo(n_rows, 3), hi(n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) hi[r] = p0 + r + 1;
+    std::vector<float> plain(static_cast<size_t>(n_rows * c.q_stride()));
+    c.Run(k, 0, n_rows, lo.data(), hi.data(), plain.data());
+    c.sinks = {2.5f, -1.0f, 40.0f};
+    std::vector<float> sunk(plain.size()), alone(plain.size());
+    c.Run(k, 0, n_rows, lo.data(), hi.data(), sunk.data());
+    for (int64_t r = 0; r < n_rows; ++r) c.Run(k, r, 1, lo.data(), hi.data(), alone.data());
+    double moved = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      for (int64_t h = 0; h < n_q; ++h) {
+        for (int64_t i = 0; i < hd; ++i) {
+          const size_t at = static_cast<size_t>(r * c.q_stride() + h * hd + i);
+          const auto e = c.Expect(k, r, h, i, lo[r], hi[r]);
+          ASSERT_NEAR(sunk[at], e.value, e.tol) << "hd " << hd << " row " << r << " head " << h;
+          ASSERT_EQ(sunk[at], alone[at]) << "hd " << hd << " row " << r;
+          if (h < 2) moved = std::max(moved, static_cast<double>(std::fabs(sunk[at] - plain[at])));
+          if (h == 2) {
+            ASSERT_LT(std::fabs(sunk[at]), 1e-6) << "hd " << hd << ": a sink of 40 takes all the weight";
+          }
+        }
+      }
+    }
+    EXPECT_GT(moved, 1e-2) << "hd " << hd << ": the sinks must change the result";
   }
 }
 

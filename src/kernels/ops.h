@@ -67,6 +67,10 @@ struct AttnChunk {
   // Gemma 2's attention logit soft-capping: each scaled score s becomes softcap * tanh(s /
   // softcap) before the softmax; 0: none.
   float softcap = 0.0f;
+  // gpt-oss's attention sinks: sinks[h] (h < n_q) is a logit that joins query head h's softmax
+  // denominator, a position every row sees whose value is zero. Kernels start each (row, head)'s
+  // online softmax from it: running max sinks[h], running sum 1. Null: none.
+  const float* sinks = nullptr;
   // The KV head's blocks [0, pair_blocks) of kAttnPairBlock positions already in the pair words of
   // KernelTable::kv_block_pairs, block b at kpairs / vpairs + b * 16 * hd (KvCache::kp, vp): a
   // kernel that reads that layout uses them for its full blocks instead of converting k and v.

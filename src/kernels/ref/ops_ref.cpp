@@ -138,8 +138,8 @@ void AttentionGqa(const AttnChunk& a, float* scratch) {
     float* out = a.out + r * a.out_stride;
     const int64_t lo = a.lo[r], hi = a.hi[r];
     for (int64_t h = 0; h < n_q; ++h) {
-      m[h] = -INFINITY;
-      l[h] = 0;
+      m[h] = a.sinks ? a.sinks[h] : -INFINITY;
+      l[h] = a.sinks ? 1.0f : 0.0f;
       for (int64_t i = 0; i < hd; ++i) out[h * hd + i] = 0;
     }
     for (int64_t b0 = lo / kAttnBlock * kAttnBlock; b0 < hi; b0 += kAttnBlock) {

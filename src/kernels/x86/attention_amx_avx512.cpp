@@ -152,10 +152,10 @@ MR_AMX_BF16_TARGET void AttentionAmx(const mr::AttnChunk& a, float* scratch) {
   for (int64_t p = 0; p < padded; ++p) {
     uint16_t* qr = qb + p * hd;
     float* orow = ob + p * hd;
-    m[p] = -INFINITY;
-    l[p] = 0;
     const bool real = p < np;
     const int64_t r = p / n_q, h = p % n_q;
+    m[p] = real && a.sinks ? a.sinks[h] : -INFINITY;  // a sink: a first position of value zero
+    l[p] = real && a.sinks ? 1.0f : 0.0f;
     plo[p] = real ? a.lo[r] : 0;
     phi[p] = real ? a.hi[r] : 0;
     for (int64_t d = 0; d < hd; d += 32) {

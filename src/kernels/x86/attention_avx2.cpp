@@ -170,8 +170,8 @@ void AttentionGqaAvx2(const AttnChunk& a, float* scratch) {
     jmax = std::max(jmax, a.hi[r]);
     float* out = a.out + r * a.out_stride;
     for (int64_t h = 0; h < n_q; ++h) {
-      m[r * n_q + h] = -INFINITY;
-      l[r * n_q + h] = 0;
+      m[r * n_q + h] = a.sinks ? a.sinks[h] : -INFINITY;  // a sink: a first position of value zero
+      l[r * n_q + h] = a.sinks ? 1.0f : 0.0f;
       for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(out + h * hd + i, _mm256_setzero_ps());
     }
   }

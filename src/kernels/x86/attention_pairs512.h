@@ -159,8 +159,8 @@ void VisitBlock(const mr::AttnChunk& a, int64_t b0, float* m, float* l, const K&
   if (g.n > 0) RunGroup(g, k);
 }
 
-// Before the blocks: every pair's output zero, max -inf, sum 0; [*jmin, *jmax) the positions
-// some row reads.
+// Before the blocks: every pair's output zero, max -inf and sum 0 (with sinks: the sink's logit
+// and 1); [*jmin, *jmax) the positions some row reads.
 inline void StartPairs(const mr::AttnChunk& a, float* m, float* l, int64_t* jmin, int64_t* jmax) {
   *jmin = a.lo[0];
   *jmax = a.hi[0];
@@ -169,8 +169,8 @@ inline void StartPairs(const mr::AttnChunk& a, float* m, float* l, int64_t* jmin
     *jmax = std::max(*jmax, a.hi[r]);
     float* out = a.out + r * a.out_stride;
     for (int64_t h = 0; h < a.n_q; ++h) {
-      m[r * a.n_q + h] = -INFINITY;
-      l[r * a.n_q + h] = 0;
+      m[r * a.n_q + h] = a.sinks ? a.sinks[h] : -INFINITY;
+      l[r * a.n_q + h] = a.sinks ? 1.0f : 0.0f;
       for (int64_t i = 0; i < a.hd; i += 16) _mm512_storeu_ps(out + h * a.hd + i, _mm512_setzero_ps());
     }
   }
