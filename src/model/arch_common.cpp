@@ -1,6 +1,7 @@
 // Hyperparameters every architecture shares, from {arch}.* GGUF keys. Model files come from
 // anywhere, so every value is range-checked here, before anything is sized or divided by it:
 // a bad one is a load error naming the key, never a division by zero or a huge allocation.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -46,6 +47,63 @@ Status ReadFloatKey(const gguf::GgufFile& f, const std::string& key, double lo, 
                            (lo_exclusive ? "(" : "[") + Num(lo) + ", " + Num(hi) + "]");
   }
   *out = xf;
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace {
+
+// Rope scaling as llama.cpp applies it (ggml_rope_ext with its context's YaRN parameters): a
+// factor F > 1 stretches the positions. "linear": every pair's frequency divided by F. "yarn":
+// pair i's angle mixes the interpolated one (divided by F) and the original by a ramp that is 1
+// (original) for the fast pairs, whose wavelength fits beta_fast = 32 times into the original
+// context, 0 for the slow ones (beta_slow = 1), linear between; and cos / sin are multiplied by
+// 1 + 0.1 ln F (both times rope.scaling.attn_factor, the only scale of "linear"): llama.cpp cancels its own get_mscale
+// against that term, so that is what remains. Both are per-pair factors of a frequency (rope_freq_factors: the mix is
+// linear in the position), and the magnitude scale, applied to q and k alike, is rope_mscale (Model::Load folds its
+// square into attn_scale). llama.cpp reads the yarn_beta_* / yarn_ext_factor keys only for grok, so they are not read
+// here either.
+Status ReadRopeScaling(const gguf::GgufFile& f, const std::string& p, ModelConfig* cfg) {
+  float factor = 1.0f;
+  const std::string factor_key =
+      f.Find(p + "rope.scaling.factor") == nullptr && f.Find(p + "rope.scale_linear") != nullptr
+          ? p + "rope.scale_linear"
+          : p + "rope.scaling.factor";
+  MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, factor_key, 1.0, 1e6, &factor));
+  const std::string type = f.GetString(p + "rope.scaling.type").value_or("linear");
+  if (type == "none" || factor == 1.0f) return Status::Ok();
+  const int64_t half = cfg->head_dim / 2;
+  float attn_factor = 1.0f;
+  MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, p + "rope.scaling.attn_factor", 1.0, 1e6, &attn_factor));
+  if (type == "linear") {
+    cfg->rope_freq_factors.assign(static_cast<size_t>(half), factor);
+    cfg->rope_mscale = attn_factor;
+    return Status::Ok();
+  }
+  if (type != "yarn") {
+    return Unsupported("[model] metadata key '" + p + "rope.scaling.type': rope scaling '" + type +
+                       "' is not supported (supported: none, linear, yarn)");
+  }
+  int64_t orig_ctx = 0;
+  MR_RETURN_IF_ERROR(
+      ReadIntKey(f, p + "rope.scaling.original_context_length", 1, kMaxContextLength, cfg->n_ctx_train, &orig_ctx));
+  constexpr float kBetaFast = 32.0f, kBetaSlow = 1.0f, kPi = 3.14159265358979323846f;
+  const float n_dims = static_cast<float>(cfg->head_dim);
+  // The pair index at which a pair's wavelength fits n_rot times into the original context.
+  auto corr_dim = [&](float n_rot) {
+    return n_dims * std::log(static_cast<float>(orig_ctx) / (n_rot * 2 * kPi)) / (2 * std::log(cfg->rope_base));
+  };
+  const float low = std::max(0.0f, std::floor(corr_dim(kBetaFast)));
+  const float high = std::min(n_dims - 1, std::ceil(corr_dim(kBetaSlow)));
+  const float freq_scale = 1.0f / factor;
+  cfg->rope_freq_factors.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float y = (static_cast<float>(i) - low) / std::max(0.001f, high - low);
+    const float mix = 1 - std::min(1.0f, std::max(0.0f, y));
+    cfg->rope_freq_factors[static_cast<size_t>(i)] = 1.0f / (freq_scale * (1 - mix) + mix);
+  }
+  cfg->rope_mscale = attn_factor * (1.0f + 0.1f * std::log(factor));
   return Status::Ok();
 }
 
@@ -115,10 +173,7 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
     return Unsupported("[model] partial rotary embeddings (rope.dimension_count " + std::to_string(*rope_dims) +
                        " != head dim " + std::to_string(cfg->head_dim) + ") are not supported");
   }
-  if (auto scaling = f.GetString(p + "rope.scaling.type"); scaling && *scaling != "none") {
-    auto factor = f.GetFloat(p + "rope.scaling.factor");
-    if (factor && *factor != 1.0) return Unsupported("[model] rope scaling '" + *scaling + "' is not supported");
-  }
+  MR_RETURN_IF_ERROR(ReadRopeScaling(f, p, cfg));
   const auto* tokens = f.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens || tokens->empty()) return InvalidArgument("[model] missing tokenizer.ggml.tokens");
   if (tokens->size() > static_cast<size_t>(INT32_MAX)) {

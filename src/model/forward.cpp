@@ -12,6 +12,19 @@
 
 namespace mr {
 
+namespace {
+
+// gpt-oss's expert activation (llama.cpp's swiglu_oai with alpha 1.702 and limit 7): the gate
+// clamped above, the up projection clamped both ways and shifted by one.
+float SwigluOai(float g, float u) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+  const float x = std::min(g, kLimit);
+  const float y = std::clamp(u, -kLimit, kLimit);
+  return x / (1.0f + std::exp(-kAlpha * x)) * (y + 1.0f);
+}
+
+}  // namespace
+
 // Validates a batch before anything is touched. Messages name the sequence when there are
 // several; a batch of one (Forward) gets Forward's messages.
 Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
@@ -72,16 +85,16 @@ Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_lo
 }
 
 // Mixture of experts (qwen3moe, as llama.cpp's build_moe_ffn with softmax gating and normalized
-// weights): the router's logits in FP32 (the same on both paths, so both pick the same experts),
-// softmax over all experts, the n_expert_used most probable (ties to the lower index), their
-// probabilities renormalized. Each expert then runs once over every row that picked it (its
-// rows gathered contiguously): a verify step or prefill chunk reads each chosen expert's weights
-// once, however many rows chose it. Rows add their experts' outputs in expert order, so a row's
-// result does not depend on the other rows of the batch.
+// weights; gpt-oss with its softmax-weight gating, biases and clamped SwiGLU): the router's logits in FP32 (the same on
+// both paths, so both pick the same experts), softmax over all experts, the n_expert_used most probable (ties to the
+// lower index), their probabilities renormalized. Each expert then runs once over every row that picked it (its rows
+// gathered contiguously): a verify step or prefill chunk reads each chosen expert's weights once, however many rows
+// chose it. Rows add their experts' outputs in expert order, so a row's result does not depend on the other rows of the
+// batch.
 void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.d_model, n_exp = c.n_expert, k = c.n_expert_used, ff = c.d_ff_expert;
-  const GluAct act = c.act == Activation::kSilu ? GluAct::kSilu : GluAct::kGeluTanh;
+  const GluAct act = c.act == Activation::kGeluTanh ? GluAct::kGeluTanh : GluAct::kSilu;
   moe_probs_.resize(static_cast<size_t>(n * n_exp));
   pool_->ParallelFor(n * n_exp, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) {
@@ -89,7 +102,7 @@ void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out)
       const float* wr = L.router.data() + (i % n_exp) * d;
       float acc = 0;
       for (int64_t j = 0; j < d; ++j) acc += xr[j] * wr[j];
-      moe_probs_[static_cast<size_t>(i)] = acc;
+      moe_probs_[static_cast<size_t>(i)] = L.router_b.empty() ? acc : acc + L.router_b[static_cast<size_t>(i % n_exp)];
     }
   });
   moe_rows_.resize(static_cast<size_t>(n_exp));
@@ -98,10 +111,16 @@ void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out)
   order.resize(static_cast<size_t>(n_exp));
   for (int64_t t = 0; t < n; ++t) {
     float* p = moe_probs_.data() + t * n_exp;
-    ref::Softmax(p, n_exp);
+    // Softmax gating ranks by probability, softmax-weight gating (gpt-oss) by logit: the same order.
+    if (!c.moe_softmax_weight) ref::Softmax(p, n_exp);
     for (int64_t e = 0; e < n_exp; ++e) order[static_cast<size_t>(e)] = e;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (c.moe_softmax_weight) {  // weights: the softmax over the picked logits (p[order[0]] is their max)
+      const float mx = p[order[0]];
+      for (int64_t j = 0; j < k; ++j)
+        p[order[static_cast<size_t>(j)]] = std::exp(p[order[static_cast<size_t>(j)]] - mx);
+    }
     double sum = 0;
     for (int64_t j = 0; j < k; ++j) sum += p[order[static_cast<size_t>(j)]];
     for (int64_t j = 0; j < k; ++j) {
@@ -119,13 +138,31 @@ void Model::MoeFfn(const LayerWeights& L, const float* x, int64_t n, float* out)
     moe_y_.resize(static_cast<size_t>(m * d));
     for (int64_t j = 0; j < m; ++j)
       std::copy(x + rows[j].first * d, x + (rows[j].first + 1) * d, moe_x_.data() + j * d);
-    ops_->Glu(L.exp_gate[e], L.exp_up[e], moe_x_.data(), m, act, moe_g_.data());
+    if (c.moe_biases) {  // gpt-oss: biases before the activation, so no fused GLU
+      moe_u_.resize(static_cast<size_t>(m * ff));
+      ops_->Matmul(L.exp_gate[e], moe_x_.data(), m, moe_g_.data());
+      ops_->Matmul(L.exp_up[e], moe_x_.data(), m, moe_u_.data());
+      const float* bg = L.exp_gate_b.data() + e * ff;
+      const float* bu = L.exp_up_b.data() + e * ff;
+      for (int64_t j = 0; j < m; ++j) {
+        float* g = moe_g_.data() + j * ff;
+        const float* u = moe_u_.data() + j * ff;
+        for (int64_t i = 0; i < ff; ++i) g[i] = SwigluOai(g[i] + bg[i], u[i] + bu[i]);
+      }
+    } else {
+      ops_->Glu(L.exp_gate[e], L.exp_up[e], moe_x_.data(), m, act, moe_g_.data());
+    }
     ops_->Matmul(L.exp_down[e], moe_g_.data(), m, moe_y_.data());
+    const float* bd = c.moe_biases ? L.exp_down_b.data() + e * d : nullptr;
     for (int64_t j = 0; j < m; ++j) {
       float* o = out + rows[j].first * d;
       const float* y = moe_y_.data() + j * d;
       const float w = rows[j].second;
-      for (int64_t i = 0; i < d; ++i) o[i] += w * y[i];
+      if (bd != nullptr) {
+        for (int64_t i = 0; i < d; ++i) o[i] += w * (y[i] + bd[i]);
+      } else {
+        for (int64_t i = 0; i < d; ++i) o[i] += w * y[i];
+      }
     }
   }
 }
@@ -217,10 +254,13 @@ void Model::RunBatch(std::span<const BatchSeq> seqs, float* logits) {
       }
       kv.InvalidatePairs(l, pos);
     }
-    ops.Attention(l, swa && c.sliding_window > 0, rows, n, q_.data(), h_.data());
+    ops.Attention(l, swa && c.sliding_window > 0, c.attn_sinks ? L.sinks.data() : nullptr, rows, n, q_.data(),
+                  h_.data());
     ops.Matmul(L.wo, h_.data(), n, tmp_.data());
     for (int64_t t = 0; t < n; ++t) {
       float* o = tmp_.data() + t * d;
+      if (c.attn_out_bias)
+        for (int64_t i = 0; i < d; ++i) o[i] += L.bo[i];
       if (c.post_norms) ref::RmsNorm(o, L.post_attn_norm.data(), d, c.rms_eps, o);
       for (int64_t i = 0; i < d; ++i) x_[t * d + i] += o[i];
       ref::RmsNorm(x_.data() + t * d, L.ffn_norm.data(), d, c.rms_eps, h_.data() + t * d);

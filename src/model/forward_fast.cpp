@@ -117,7 +117,8 @@ class FastOps final : public ForwardOps {
   // work (a verify step of 8 rows on 2 KV heads is 4 jobs), and threads claim jobs as they go.
   // 32 rows: on AMX each K/V block's preparation then serves twice the pair tiles (+7 % prefill
   // at 6,000 tokens on Qwen 0.5B against 16 rows; the AVX-512 kernel measured the same either way).
-  void Attention(int64_t layer, bool swa, const ForwardRows& rows, int64_t n, const float* q, float* out) override {
+  void Attention(int64_t layer, bool swa, const float* sinks, const ForwardRows& rows, int64_t n, const float* q,
+                 float* out) override {
     constexpr int64_t kMaxChunkRows = 32;
     const int64_t hd = c_.head_dim, group = c_.n_head / c_.n_head_kv, q_dim = c_.n_head * hd;
     const int n_th = pool_.size();
@@ -166,7 +167,8 @@ class FastOps final : public ForwardOps {
                     c_.attn_scale,
                     out + t0 * q_dim + kh * group * hd,
                     q_dim,
-                    c_.attn_softcap};
+                    c_.attn_softcap,
+                    sinks ? sinks + kh * group : nullptr};
         if (pairs) {
           a.kpairs = kv.KPairs(layer, kh, hd);
           a.vpairs = kv.VPairs(layer, kh, hd);

@@ -46,7 +46,9 @@ class ForwardOps {
   virtual void Rope(float* x, int64_t n_heads, int64_t pos, bool swa) = 0;
   // out (n, n_head * head_dim) = causal attention of each row's q heads over its own cache at
   // layer (positions up to the row's own are written), within the sliding window on swa layers.
-  virtual void Attention(int64_t layer, bool swa, const ForwardRows& rows, int64_t n, const float* q, float* out) = 0;
+  // sinks: null, or one logit per query head that joins each softmax's denominator (gpt-oss).
+  virtual void Attention(int64_t layer, bool swa, const float* sinks, const ForwardRows& rows, int64_t n,
+                         const float* q, float* out) = 0;
   // y (n, w.rows) = x (n, w.cols) · wᵀ.
   virtual void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) = 0;
   // y (n, w.rows) = the logits of x (n, w.cols) against the output matrix w: Matmul, and with

@@ -40,7 +40,8 @@ class RefOps final : public ForwardOps {
   }
 
   // Exact softmax per (row, head), scalar.
-  void Attention(int64_t layer, bool swa, const ForwardRows& rows, int64_t n, const float* q, float* out) override {
+  void Attention(int64_t layer, bool swa, const float* sinks, const ForwardRows& rows, int64_t n, const float* q,
+                 float* out) override {
     const int64_t hd = c_.head_dim, group = c_.n_head / c_.n_head_kv, q_dim = c_.n_head * hd;
     int64_t n_ctx = 0;
     for (int64_t t = 0; t < n; ++t) n_ctx = std::max(n_ctx, rows.kv[t]->n_ctx);
@@ -64,7 +65,19 @@ class RefOps final : public ForwardOps {
           s *= c_.attn_scale;
           scores[j - lo] = c_.attn_softcap > 0 ? c_.attn_softcap * std::tanh(s / c_.attn_softcap) : s;
         }
-        ref::Softmax(scores, p - lo + 1);
+        if (sinks != nullptr) {  // the sink joins the denominator as a position of value zero
+          float mx = sinks[h];
+          for (int64_t j = 0; j <= p - lo; ++j) mx = std::fmax(mx, scores[j]);
+          double sum = std::exp(sinks[h] - mx);
+          for (int64_t j = 0; j <= p - lo; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int64_t j = 0; j <= p - lo; ++j) scores[j] *= inv;
+        } else {
+          ref::Softmax(scores, p - lo + 1);
+        }
         std::fill(acc, acc + hd, 0.0f);
         for (int64_t j = lo; j <= p; ++j) {
           const uint16_t* vr = V + j * kv.kv_dim + kh * hd;

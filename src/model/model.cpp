@@ -117,10 +117,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
     MR_RETURN_IF_ERROR(ReadGemma3Config(f, &m->cfg_));
   } else if (arch == "smollm3") {
     MR_RETURN_IF_ERROR(ReadSmolLM3Config(f, &m->cfg_));
+  } else if (arch == "gpt-oss") {
+    MR_RETURN_IF_ERROR(ReadGptOssConfig(f, &m->cfg_));
   } else {
     return Unsupported("[model] architecture '" + arch +
-                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, smollm3)");
+                       "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, smollm3, "
+                       "gpt-oss)");
   }
+  // YaRN's magnitude scale multiplies the rotated q and k alike: the scores by its square.
+  m->cfg_.attn_scale *= m->cfg_.rope_mscale * m->cfg_.rope_mscale;
   m->pool_ = std::make_unique<ThreadPool>(opts.n_threads > 0 ? opts.n_threads : ThreadPool::DefaultThreads());
   m->ref_path_ = opts.ref_path || DefaultReferencePath();
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
@@ -418,6 +423,9 @@ Status Model::LoadWeights() {
     cfg_.tied_embeddings = true;
   }
   if (f.FindTensor("rope_freqs.weight")) {  // Llama 3.x rope scaling, one factor per pair
+    if (!cfg_.rope_freq_factors.empty()) {
+      return Unsupported("[model] tensor 'rope_freqs.weight' together with rope.scaling metadata is not supported");
+    }
     MR_RETURN_IF_ERROR(LoadVector(f, "rope_freqs.weight", hd / 2, &cfg_.rope_freq_factors));
     for (size_t i = 0; i < cfg_.rope_freq_factors.size(); ++i) {
       if (!(cfg_.rope_freq_factors[i] > 0)) {
@@ -431,7 +439,9 @@ Status Model::LoadWeights() {
     LayerWeights& L = w_.layers[l];
     const std::string p = "blk." + std::to_string(l) + ".";
     MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_norm.weight", d, &L.attn_norm));
-    MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_norm.weight", d, &L.ffn_norm));
+    // gpt-oss stores the FFN's (pre-)norm under the name of a post-attention norm.
+    MR_RETURN_IF_ERROR(LoadVector(f, p + (c.arch == Arch::kGptOss ? "post_attention_norm.weight" : "ffn_norm.weight"),
+                                  d, &L.ffn_norm));
     if (const gguf::TensorInfo* qkv = f.FindTensor(p + "attn_qkv.weight")) {  // phi3: q, k, v rows in one tensor
       MR_RETURN_IF_ERROR(CheckShape(*qkv, d, q_dim + 2 * kv_dim));
       MR_RETURN_IF_ERROR(LoadMatrixFrom(RowView(*qkv, qkv->name + "[q]", 0, q_dim), true, &L.wq));
@@ -451,6 +461,12 @@ Status Model::LoadWeights() {
     };
     if (c.n_expert > 0) {
       MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_gate_inp.weight", c.n_expert * d, &L.router));
+      if (c.moe_biases) {
+        MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_gate_inp.bias", c.n_expert, &L.router_b));
+        MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_gate_exps.bias", c.n_expert * c.d_ff_expert, &L.exp_gate_b));
+        MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_up_exps.bias", c.n_expert * c.d_ff_expert, &L.exp_up_b));
+        MR_RETURN_IF_ERROR(LoadVector(f, p + "ffn_down_exps.bias", c.n_expert * d, &L.exp_down_b));
+      }
       const bool same = same_type(p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight");
       MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_gate_exps.weight", c.d_ff_expert, d, same, &L.exp_gate));
       MR_RETURN_IF_ERROR(LoadExperts(p + "ffn_up_exps.weight", c.d_ff_expert, d, same, &L.exp_up));
@@ -473,6 +489,8 @@ Status Model::LoadWeights() {
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k.bias", kv_dim, &L.bk));
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_v.bias", kv_dim, &L.bv));
     }
+    if (c.attn_out_bias) MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_output.bias", d, &L.bo));
+    if (c.attn_sinks) MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_sinks.weight", c.n_head, &L.sinks));
     if (c.qk_norm) {
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_q_norm.weight", hd, &L.q_norm));
       MR_RETURN_IF_ERROR(LoadVector(f, p + "attn_k_norm.weight", hd, &L.k_norm));

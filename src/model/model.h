@@ -33,8 +33,10 @@ struct TensorInfo;
 }  // namespace gguf
 class ForwardOps;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3, kSmolLM3 };
-enum class Activation { kSilu, kGeluTanh };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3, kSmolLM3, kGptOss };
+// kSwigluOai: gpt-oss's clamped SwiGLU, min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
+// (llama.cpp's swiglu_oai), on the gate and up projections with their biases.
+enum class Activation { kSilu, kGeluTanh, kSwigluOai };
 
 struct ModelConfig {
   Arch arch = Arch::kLlama;
@@ -51,21 +53,26 @@ struct ModelConfig {
   float rope_base = 10000.0f;      // global layers
   float rope_base_swa = 10000.0f;  // sliding-window layers (gemma3)
   bool rope_neox = false;          // rotate (i, i+d/2) pairs instead of (2i, 2i+1)
-  // Llama 3.x rope scaling: the file's rope_freqs.weight (head_dim/2 factors dividing each pair's
-  // frequency); empty when the file has none.
+  // Per-pair factors dividing each pair's frequency: Llama 3.x's rope_freqs.weight, or those that
+  // linear and YaRN rope scaling come to (arch_common.cpp); empty when there are none.
   std::vector<float> rope_freq_factors;
   int64_t sliding_window = 0;       // 0: none
   std::vector<bool> layer_is_swa;   // per layer
   std::vector<bool> layer_no_rope;  // per layer: no rotary embedding (smollm3's NoPE layers)
-  float attn_scale = 0.0f;          // multiplies q·k
+  float attn_scale = 0.0f;          // multiplies q·k (YaRN's magnitude scale, squared, included)
+  float rope_mscale = 1.0f;         // YaRN: cos and sin times this (folded into attn_scale at load)
   float embed_scale = 1.0f;         // gemma2, gemma3: sqrt(d_model)
   // gemma2's logit soft-capping (c * tanh(x / c)) of the scaled attention scores and of the
   // output logits; 0: none.
   float attn_softcap = 0.0f;
   float final_softcap = 0.0f;
-  bool qkv_bias = false;    // qwen2
-  bool qk_norm = false;     // gemma3, qwen3: RMSNorm over each q/k head
-  bool post_norms = false;  // gemma3: norms after attention and FFN outputs
+  bool qkv_bias = false;       // qwen2
+  bool qk_norm = false;        // gemma3, qwen3: RMSNorm over each q/k head
+  bool post_norms = false;     // gemma3: norms after attention and FFN outputs
+  bool attn_out_bias = false;  // gpt-oss: attn_output.bias
+  // gpt-oss: one learned logit per query head (attn_sinks.weight) joins each softmax's
+  // denominator as a position every row sees and whose value is zero.
+  bool attn_sinks = false;
   Activation act = Activation::kSilu;
   bool tied_embeddings = false;
   // Mixture of experts (qwen3moe): n_expert > 0 replaces each block's FFN by n_expert expert FFNs
@@ -74,6 +81,11 @@ struct ModelConfig {
   int64_t n_expert = 0;
   int64_t n_expert_used = 0;
   int64_t d_ff_expert = 0;
+  // gpt-oss: the router has a bias; the top n_expert_used are picked on the router's logits and
+  // their weights are the softmax over those logits only (llama.cpp's SOFTMAX_WEIGHT gating);
+  // each expert's gate, up and down projections have biases.
+  bool moe_softmax_weight = false;
+  bool moe_biases = false;
 };
 
 struct LayerWeights {
@@ -81,12 +93,17 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_ffn_norm;  // gemma3 (d_model)
   std::vector<float> q_norm, k_norm;                 // gemma3 (head_dim)
   std::vector<float> bq, bk, bv;                     // qwen2 biases
+  std::vector<float> bo;                             // gpt-oss: attention output bias (d_model)
+  std::vector<float> sinks;                          // gpt-oss: attention sink logits (n_head)
   WeightMatrix wq, wk, wv, wo;                       // (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd)
   WeightMatrix w_gate, w_up, w_down;                 // (ff, d) (ff, d) (d, ff); gate and up share a format
   // Mixture of experts: the router (n_expert, d) in FP32 and each expert's FFN (as above, width
   // d_ff_expert); empty in dense models.
   std::vector<float> router;
   std::vector<WeightMatrix> exp_gate, exp_up, exp_down;
+  // gpt-oss: the router's bias (n_expert) and the experts' (n_expert, d_ff_expert) gate and up
+  // and (n_expert, d_model) down biases.
+  std::vector<float> router_b, exp_gate_b, exp_up_b, exp_down_b;
 };
 
 struct ModelWeights {
@@ -227,7 +244,7 @@ class Model {
   std::vector<float> x_, h_, q_, k_, v_, gate_, tmp_;
   // Mixture-of-experts workspaces: router probabilities, each expert's rows and weights, the
   // gathered rows and their outputs.
-  std::vector<float> moe_probs_, moe_x_, moe_g_, moe_y_;
+  std::vector<float> moe_probs_, moe_x_, moe_g_, moe_u_, moe_y_;
   std::vector<std::vector<std::pair<int64_t, float>>> moe_rows_;
   std::vector<int64_t> moe_order_;
   std::vector<KvCache*> row_kv_;  // (rows) the cache of each row of the batch
@@ -250,6 +267,7 @@ Status ReadQwen3MoeConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadPhi3Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma2Config(const gguf::GgufFile& f, ModelConfig* cfg);
 Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg);
+Status ReadGptOssConfig(const gguf::GgufFile& f, ModelConfig* cfg);
 // Common keys shared by all architectures ({arch}.block_count, ...).
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg);
 // Checked metadata readers for the architecture files (arch_common.cpp). A missing key takes

@@ -46,7 +46,8 @@ std::vector<uint8_t> RandomF32Bytes(int64_t n, std::mt19937& rng, float scale) {
 
 struct TinySpec {
   std::string arch;  // llama | qwen2 | qwen3 | qwen3moe (4 experts of 128, 2 used) | phi3 (fused) | gemma2 | gemma3
-                     // | smollm3 (at least 4 layers)
+                     // | smollm3 (at least 4 layers) | gpt-oss (qwen3moe's experts, with biases, sinks, YaRN
+                     // factor 4 over 64 positions, sliding window 8 on even layers)
   int64_t n_layer = 2, d = 128, n_head = 4, n_head_kv = 2, head_dim = 32, ff = 192, vocab = 64;
   int64_t sliding_window = 0;
   // For malformed-file tests: edits the metadata after it is set, and a tensor's type and
@@ -181,8 +182,15 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   w.SetF32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
   w.SetF32(a + ".rope.freq_base", 10000.0f);
   if (s.sliding_window) w.SetU32(a + ".attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
-  const bool moe = a == "qwen3moe";
+  const bool oss = a == "gpt-oss";
+  const bool moe = a == "qwen3moe" || oss;
   constexpr int64_t kExperts = 4, kExpertFf = 128;
+  if (oss) {
+    w.SetU32(a + ".attention.sliding_window", static_cast<uint32_t>(s.sliding_window ? s.sliding_window : 8));
+    w.SetString(a + ".rope.scaling.type", "yarn");
+    w.SetF32(a + ".rope.scaling.factor", 4.0f);
+    w.SetU32(a + ".rope.scaling.original_context_length", 64);
+  }
   if (moe) {
     w.SetU32(a + ".expert_count", kExperts);
     w.SetU32(a + ".expert_used_count", 2);
@@ -272,7 +280,7 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
   for (int64_t l = 0; l < n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     vec(p + "attn_norm.weight", d, 1.0f);
-    vec(p + "ffn_norm.weight", d, 1.0f);
+    vec(p + (oss ? "post_attention_norm.weight" : "ffn_norm.weight"), d, 1.0f);
     if (a == "phi3") {  // q, k, v rows in one tensor
       mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d);
     } else {
@@ -288,6 +296,14 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
             RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(d))));
       add(p + "ffn_down_exps.weight", {kExpertFf, d, kExperts},
           RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(kExpertFf))));
+      if (oss) {  // router and expert biases, the output bias, a sink logit per head
+        add(p + "ffn_gate_inp.bias", {kExperts}, RandomF32Bytes(kExperts, rng, 1.0f));
+        add(p + "ffn_gate_exps.bias", {kExpertFf, kExperts}, RandomF32Bytes(kExperts * kExpertFf, rng, 0.5f));
+        add(p + "ffn_up_exps.bias", {kExpertFf, kExperts}, RandomF32Bytes(kExperts * kExpertFf, rng, 0.5f));
+        add(p + "ffn_down_exps.bias", {d, kExperts}, RandomF32Bytes(kExperts * d, rng, 0.1f));
+        vec(p + "attn_output.bias", d, 0.0f);
+        add(p + "attn_sinks.weight", {s.n_head}, RandomF32Bytes(s.n_head, rng, 1.0f));
+      }
     } else if (a == "phi3") {  // gate rows, then up rows, in ffn_up
       mat(p + "ffn_up.weight", 2 * s.ff, d);
       mat(p + "ffn_down.weight", d, s.ff);
@@ -296,7 +312,7 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
       mat(p + "ffn_up.weight", s.ff, d);
       mat(p + "ffn_down.weight", d, s.ff);
     }
-    if (a == "qwen2") {
+    if (a == "qwen2" || oss) {
       vec(p + "attn_q.bias", q_dim, 0.0f);
       vec(p + "attn_k.bias", kv_dim, 0.0f);
       vec(p + "attn_v.bias", kv_dim, 0.0f);
@@ -436,7 +452,7 @@ TEST_P(TinyArchTest, FastPathTracksReferencePath) {
   // int8 activations with per-group scales on Q8/g64 weights: relative error ~2-3% on these
   // random models (2.2-2.4% with 32-wide activation groups), far below what a wrong kernel or
   // layout gives (~100%). The MoE model sums two experts' quantized outputs per row: 3.6%.
-  EXPECT_LT(std::sqrt(err / norm), s.arch == "qwen3moe" ? 0.045 : 0.035) << s.arch;
+  EXPECT_LT(std::sqrt(err / norm), s.arch == "qwen3moe" || s.arch == "gpt-oss" ? 0.045 : 0.035) << s.arch;
 }
 
 // Native matrices stay in their tiles by default (fewer bytes than Q8/g64), track the reference
@@ -561,7 +577,7 @@ void ExpectNativeTracksReference(const TinySpec& s, uint32_t seed) {
 // for the K-quants' 256-input blocks; else widths that are not multiples of 256 (as
 // Qwen2.5-0.5B's 896) for the 32-input blocks.
 bool NativeFormatArch(const std::string& arch) {
-  return arch != "gemma3" && arch != "gemma2" && arch != "qwen3moe" && arch != "smollm3";
+  return arch != "gemma3" && arch != "gemma2" && arch != "qwen3moe" && arch != "smollm3" && arch != "gpt-oss";
 }
 TinySpec NativeSpec(const std::string& arch, bool k256) {
   TinySpec s;
@@ -664,8 +680,60 @@ TEST_P(TinyArchTest, VocabOnlyLoadTokenizesAndRefusesForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TinyArchTest,
-                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                           "smollm3"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3",
+                                           "gpt-oss"));
+
+// Rope scaling metadata (arch_common.cpp ReadRopeScaling), as llama.cpp's ggml_rope_ext applies
+// it. gpt-oss's tiny file: YaRN, factor 4 over an original context of 64, head size 32, base
+// 1e4, so YaRN's correction range is pairs 0..5 (floor(32 ln(64 / (32 * 2 pi)) / (2 ln 1e4)) < 0
+// -> 0, ceil(32 ln(64 / (2 pi)) / (2 ln 1e4)) = 5): pair 0 keeps its frequency, pairs 5.. are
+// divided by 4, the pairs between by factors rising from 1 to 4 (linear in the ramp, which gives
+// 1 / (1/4 + 3/4 (1 - i/5))); cos and sin are scaled by 1 + 0.1 ln 4, which multiplies the
+// scores by its square. "linear" divides every pair by the factor; other types are refused
+// naming the key.
+TEST(RopeScaling, YarnAndLinearFactorsAndUnknownTypes) {
+  TinySpec s;
+  s.arch = "gpt-oss";
+  const std::string path = WriteTinyModel(s, 5);
+  auto m = LoadTiny(path, /*ref_path=*/false);
+  ASSERT_NE(m, nullptr);
+  const ModelConfig& c = m->config();
+  ASSERT_EQ(c.rope_freq_factors.size(), 16u);
+  for (int i = 0; i < 16; ++i) {
+    const double ramp = i >= 5 ? 0.0 : 1.0 - i / 5.0;  // 1: the original frequency
+    const double expect = 1.0 / (0.25 * (1 - ramp) + ramp);
+    EXPECT_NEAR(c.rope_freq_factors[static_cast<size_t>(i)], expect, 1e-5 * expect) << "pair " << i;
+  }
+  const double mscale = 1 + 0.1 * std::log(4.0);
+  EXPECT_NEAR(c.attn_scale, mscale * mscale / std::sqrt(32.0), 1e-6);
+  std::filesystem::remove(path);
+
+  s.arch = "llama";
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.SetString("llama.rope.scaling.type", "linear");
+    w.SetF32("llama.rope.scaling.factor", 2.5f);
+  };
+  const std::string lin = WriteTinyModel(s, 6);
+  auto ml = LoadTiny(lin, /*ref_path=*/true);
+  ASSERT_NE(ml, nullptr);
+  ASSERT_EQ(ml->config().rope_freq_factors.size(), 16u);
+  for (float f : ml->config().rope_freq_factors) EXPECT_EQ(f, 2.5f);
+  EXPECT_NEAR(ml->config().attn_scale, 1 / std::sqrt(32.0), 1e-7);
+  std::filesystem::remove(lin);
+
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.SetString("llama.rope.scaling.type", "longrope");
+    w.SetF32("llama.rope.scaling.factor", 4.0f);
+  };
+  const std::string bad = WriteTinyModel(s, 7);
+  LoadOptions o;
+  o.n_threads = 1;
+  auto mb = Model::Load(bad, o);
+  ASSERT_FALSE(mb.ok());
+  EXPECT_NE(mb.status().message().find("llama.rope.scaling.type"), std::string::npos) << mb.status().message();
+  EXPECT_NE(mb.status().message().find("longrope"), std::string::npos) << mb.status().message();
+  std::filesystem::remove(bad);
+}
 
 // Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
 // logits (they are applied), both paths apply them alike (the fast path tracks the reference),

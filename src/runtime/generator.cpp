@@ -27,6 +27,9 @@ SamplingParams ModelDefaultSampling(const Model& model) {
     case Arch::kSmolLM3:  // the model card's
       s = {0.6f, 0, 0.95f, 0.0f};
       break;
+    case Arch::kGptOss:  // OpenAI's recommendation for gpt-oss: temperature 1, no top-k / top-p cut
+      s = {1.0f, 0, 1.0f, 0.0f};
+      break;
     case Arch::kPhi3:  // no family defaults: the file's, else the sampler's
     case Arch::kGemma2:
       break;
