@@ -442,7 +442,13 @@ std::vector<Fragment> PartitionSpecial(const Vocab& vocab, std::string_view text
     const TokenData& t = vocab.tokens[id];
     const bool control = (t.attr & (kAttrControl | kAttrUnknown)) != 0;
     if (!parse_special && control) continue;
-    const bool check_literal = control && literal != nullptr && !literal->empty();
+    // Markup tokens stay text inside literal spans: control tokens, and user-defined ones spelled
+    // as markers (`<|...|>`: gpt-oss's harmony markers <|start|>, <|channel|>, <|message|>, <|end|>
+    // are user-defined in its vocabulary, as llama.cpp types them). Other user-defined tokens
+    // (Gemma's HTML tags and whitespace runs) are ordinary text pieces and still match there.
+    const bool marker =
+        (t.attr & kAttrUserDefined) != 0 && t.text.size() >= 4 && t.text.starts_with("<|") && t.text.ends_with("|>");
+    const bool check_literal = (control || marker) && literal != nullptr && !literal->empty();
     next.clear();
     for (const Fragment& f : frags) {
       if (f.token != -1) {

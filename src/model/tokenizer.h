@@ -43,10 +43,11 @@ class Tokenizer {
   // parse_special: text that spells a control/user-defined token (e.g. "<|im_start|>") becomes
   // that token; otherwise it is tokenized as plain text.
   virtual std::vector<TokenId> Encode(std::string_view text, bool add_special, bool parse_special) const = 0;
-  // A rendered chat template: control tokens are parsed (as Encode with parse_special) except
-  // where they overlap one of `literal` (sorted, disjoint byte spans: message content, tool
-  // definitions and results), which is tokenized as text, so content can never forge a turn
-  // marker. Where no literal span holds a control token's text, the ids equal Encode's.
+  // A rendered chat template: control tokens (and user-defined ones spelled `<|...|>`, such as
+  // gpt-oss's harmony markers) are parsed (as Encode with parse_special) except where they
+  // overlap one of `literal` (sorted, disjoint byte spans: message content, tool definitions and
+  // results), which is tokenized as text, so content can never forge a turn marker. Where no
+  // literal span holds such a token's text, the ids equal Encode's.
   virtual std::vector<TokenId> EncodeTemplated(std::string_view text, bool add_special,
                                                const std::vector<TextSpan>& literal) const = 0;
 
