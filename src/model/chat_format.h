@@ -104,7 +104,8 @@ struct HarmonyMarkup {
   std::string message = "<|message|>";
   std::string end = "<|end|>";
   std::string constrain = "<|constrain|>";
-  std::string call = "<|call|>";  // ends a call (end of generation; written when a turn is injected)
+  std::string call = "<|call|>";   // ends a call (end of generation; written when a turn is injected)
+  std::string ret = "<|return|>";  // ends the answer (end of generation)
   std::string recipient = "to=";
   std::string functions = "functions.";  // the namespace of the request's tools
   std::string analysis = "analysis";

@@ -289,6 +289,127 @@ TEST(Harmony, PrefillsSetTheStartingState) {
   EXPECT_EQ(ev[0].text, " world");
 }
 
+// A continued final message: the prefill is the client's text. A stop sequence in it does not
+// stop the answer, and what of it was held back (a `<` that might have begun a marker) is not
+// sent again; stops apply to what the model generates.
+TEST(Harmony, PrefillIsNotScannedForStopSequencesNorEmittedAgain) {
+  for (size_t n : {1, 3, 1000}) {
+    OutputParser::Options o = HarmonyOptions("<|channel|>final<|message|>Say STOP, then <");
+    o.stop_sequences = {"STOP"};
+    OutputParser p(o);
+    EXPECT_FALSE(p.stopped()) << n;
+    std::vector<ParsedEvent> ev;
+    const std::string gen = " world STOP more";
+    for (size_t i = 0; i < gen.size(); i += n) p.Feed(gen.substr(i, n), &ev);
+    p.Finish(&ev);
+    EXPECT_TRUE(p.stopped()) << n;
+    EXPECT_EQ(p.matched_stop_sequence(), "STOP");
+    std::string text;
+    for (const ParsedEvent& e : ev) {
+      EXPECT_EQ(e.kind, ParsedEvent::Kind::kText);
+      text += e.text;
+    }
+    EXPECT_EQ(text, " world") << n;
+  }
+}
+
+// What the client receives has none of harmony's markers in it, whatever the model writes.
+void ExpectNoMarkup(const std::vector<ParsedEvent>& ev, const std::string& what) {
+  for (const ParsedEvent& e : ev)
+    for (const char* m :
+         {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"})
+      EXPECT_EQ(e.text.find(m), std::string::npos) << what << ": " << e.text;
+}
+
+// A call body broken off by a marker outside its strings is malformed (text), and what follows
+// the marker is parsed as the messages it is.
+TEST(Harmony, MarkerOutsideTheArgumentsEndsAMalformedCall) {
+  const std::string call = "<|channel|>commentary to=functions.get_weather<|message|>";
+  struct Case {
+    std::string out;
+    std::vector<std::pair<ParsedEvent::Kind, std::string>> want;
+  };
+  using K = ParsedEvent::Kind;
+  const std::vector<Case> cases = {
+      // The review's probe: the object never closes, the next message follows.
+      {call + "{\"city\": 1<|end|><|start|>assistant<|channel|>final<|message|>The answer",
+       {{K::kText, "{\"city\": 1The answer"}}},
+      {call + "{\"city\": \"Oslo\"<|call|>", {{K::kText, "{\"city\": \"Oslo\""}}},
+      {call + "{\"city\": \"Oslo\"<|start|>assistant<|channel|>analysis<|message|>Hm.<|end|>",
+       {{K::kText, "{\"city\": \"Oslo\""}, {K::kReasoning, "Hm."}}},
+      // A body that is no object ends at the next header as well (whitespace after a call's
+      // body is trimmed, as after any call).
+      {call + "call it<|start|>assistant<|channel|>final<|message|> ok", {{K::kText, "call itok"}}},
+      {call + "<|constrain|>json{\"city\": \"Oslo\"}", {{K::kText, "json{\"city\": \"Oslo\"}"}}},
+      // A string that never closes: at the end, the first marker in it ends the body.
+      {call + "{\"city\": \"Par<|end|><|start|>assistant<|channel|>final<|message|>The answer",
+       {{K::kText, "{\"city\": \"ParThe answer"}}},
+      // Inside a string a marker is the argument's text, and the call valid.
+      {call + "{\"city\": \"<|start|>\"}", {{K::kToolCall, ""}}},
+  };
+  for (const Case& c : cases) {
+    for (size_t n : {1, 2, 3, 7, 1000}) {
+      const auto ev = Parse(HarmonyOptions(), c.out, n);
+      ExpectNoMarkup(ev, c.out);
+      ASSERT_EQ(ev.size(), c.want.size()) << c.out << " chunk " << n;
+      for (size_t i = 0; i < ev.size(); ++i) {
+        EXPECT_EQ(ev[i].kind, c.want[i].first) << c.out << " chunk " << n;
+        if (ev[i].kind != K::kToolCall) {
+          EXPECT_EQ(ev[i].text, c.want[i].second) << c.out << " chunk " << n;
+        }
+      }
+    }
+  }
+  // The next message after a broken call can be a valid call.
+  const auto ev = Parse(HarmonyOptions(),
+                        call +
+                            "{\"city\": <|end|><|start|>assistant to=functions.get_weather<|channel|>commentary "
+                            "json<|message|>{\"city\": \"Rome\"}",
+                        1);
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].text, "{\"city\":");
+  EXPECT_EQ(ev[1].kind, ParsedEvent::Kind::kToolCall);
+  EXPECT_EQ(ev[1].call.arguments, (Json{{"city", "Rome"}}));
+}
+
+// In a final or analysis body, <|start|> or <|channel|> begins the next message (the model
+// skipped <|end|>); stray <|message|> / <|constrain|> are dropped; a "header" that never gets
+// its <|message|> is text without its marker.
+TEST(Harmony, MarkersInBodiesNeverReachBlocks) {
+  using K = ParsedEvent::Kind;
+  const std::vector<std::pair<std::string, std::vector<std::pair<K, std::string>>>> cases = {
+      {"<|channel|>final<|message|>Hello<|start|>assistant<|channel|>analysis<|message|>hmm<|end|><|start|>"
+       "assistant<|channel|>final<|message|> world",
+       {{K::kText, "Hello"}, {K::kReasoning, "hmm"}, {K::kText, " world"}}},
+      {"<|channel|>analysis<|message|>think<|start|>assistant<|channel|>final<|message|>Answer",
+       {{K::kReasoning, "think"}, {K::kText, "Answer"}}},
+      {"<|channel|>analysis<|message|>think<|channel|>final<|message|>Answer",
+       {{K::kReasoning, "think"}, {K::kText, "Answer"}}},
+      {"<|channel|>final<|message|>a<|message|>b<|constrain|>c<|return|>", {{K::kText, "abc"}}},
+      {"<|channel|>analysis<|message|>x<|constrain|>y<|call|>", {{K::kReasoning, "xy"}}},
+      {"<|start|>" + std::string(400, 'x'), {{K::kText, std::string(400, 'x')}}},
+      {"<|message|>plain", {{K::kText, "plain"}}},
+      // Text around a dropped marker, or across messages, that would spell one once joined.
+      {"<|channel|>final<|message|>a<|<|message|>end|>b", {{K::kText, "a<|b"}}},
+      {"<|channel|>final<|message|>x<|<|end|><|start|>assistant<|channel|>final<|message|>end|>y",
+       {{K::kText, "x<|y"}}},
+      {"<|channel|>analysis<|message|><|st<|constrain|>art|>z", {{K::kReasoning, "<|stz"}}},
+      {"<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"<|<|end|>end|>\"",
+       {{K::kText, "{\"city\": \"<|\""}}},
+  };
+  for (const auto& [out, want] : cases) {
+    for (size_t n : {1, 2, 3, 7, 1000}) {
+      const auto ev = Parse(HarmonyOptions(), out, n);
+      ExpectNoMarkup(ev, out);
+      ASSERT_EQ(ev.size(), want.size()) << out << " chunk " << n;
+      for (size_t i = 0; i < ev.size(); ++i) {
+        EXPECT_EQ(ev[i].kind, want[i].first) << out << " chunk " << n;
+        EXPECT_EQ(ev[i].text, want[i].second) << out << " chunk " << n;
+      }
+    }
+  }
+}
+
 // The forced forms' grammar: the arguments under the tool's schema, then nothing (the model's
 // <|call|> ends the generation); for any tool, the name and the rest of the header first.
 TEST(Harmony, ForcedCallGrammar) {

@@ -19,6 +19,107 @@ size_t PartialSuffix(std::string_view s, std::string_view marker) {
   return 0;
 }
 
+// What a harmony marker does where the parser meets it outside a header (in a message's body):
+// it ends the message (<|end|>; <|call|> and <|return|> end the generation and are no text, but
+// should their text come), it starts the next message's header (<|start|>, or <|channel|> with
+// the model's <|end|><|start|>assistant skipped), or it is stray markup (<|message|>,
+// <|constrain|>), dropped. None of them reaches a text or reasoning block.
+enum class MarkerKind { kEnd, kHeader, kStray };
+
+struct MarkerHit {
+  size_t pos = std::string::npos;
+  size_t len = 0;  // 0: none
+  MarkerKind kind = MarkerKind::kStray;
+};
+
+const std::vector<std::pair<std::string, MarkerKind>>& HarmonyMarkers() {
+  static const std::vector<std::pair<std::string, MarkerKind>> kMarkers = [] {
+    const HarmonyMarkup& h = Harmony();
+    return std::vector<std::pair<std::string, MarkerKind>>{
+        {h.end, MarkerKind::kEnd},        {h.call, MarkerKind::kEnd},       {h.ret, MarkerKind::kEnd},
+        {h.start, MarkerKind::kHeader},   {h.channel, MarkerKind::kHeader}, {h.message, MarkerKind::kStray},
+        {h.constrain, MarkerKind::kStray}};
+  }();
+  return kMarkers;
+}
+
+// The marker `s` starts with (pos 0), or none; *partial: `s` is a proper prefix of a marker (it
+// may become one when more text comes).
+MarkerHit HarmonyMarkerAt(std::string_view s, bool* partial) {
+  *partial = false;
+  for (const auto& [m, kind] : HarmonyMarkers()) {
+    if (s.size() < m.size()) {
+      *partial |= m.compare(0, s.size(), s) == 0;
+    } else if (s.compare(0, m.size(), m) == 0) {
+      return {0, m.size(), kind};
+    }
+  }
+  return {};
+}
+
+// The first marker in `s`, or none (pos npos).
+MarkerHit FindHarmonyMarker(std::string_view s) {
+  bool partial;
+  for (size_t p = s.find('<'); p != std::string_view::npos; p = s.find('<', p + 1)) {
+    MarkerHit m = HarmonyMarkerAt(s.substr(p), &partial);
+    if (m.len > 0) {
+      m.pos = p;
+      return m;
+    }
+  }
+  return {};
+}
+
+// Length of the longest proper suffix of `s` that may still become a marker.
+size_t HarmonyMarkerPartialSuffix(std::string_view s) {
+  size_t keep = 0;
+  for (const auto& marker : HarmonyMarkers()) keep = std::max(keep, PartialSuffix(s, marker.first));
+  return keep;
+}
+
+// `s` without the markers' text (a body passed on as text may hold some inside its strings). In
+// one pass, each marker dropped where it ends in the output, so none can form from what is left
+// around one ("<|<|end|>end|>").
+std::string StripHarmonyMarkers(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    out += c;
+    if (c != '>') continue;
+    for (const auto& marker : HarmonyMarkers()) {
+      const std::string& m = marker.first;
+      if (out.size() >= m.size() && out.compare(out.size() - m.size(), m.size(), m) == 0) {
+        out.resize(out.size() - m.size());
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Drops from the front of `s` what would complete a marker that `tail` (the end of what was
+// emitted before) begins: text emitted apart, around a marker that was taken out, must not
+// spell one once the client joins it ("<|" + "end|>").
+void TrimHarmonyMarkerSeam(std::string_view tail, std::string_view* s) {
+  for (bool again = true; again && !s->empty();) {
+    again = false;
+    for (const auto& marker : HarmonyMarkers()) {
+      const std::string_view m = marker.first;
+      for (size_t n = std::min(tail.size(), m.size() - 1); n > 0 && !again; --n) {
+        const std::string_view rest = m.substr(n);
+        again = tail.substr(tail.size() - n) == m.substr(0, n) && s->substr(0, rest.size()) == rest;
+        if (again) s->remove_prefix(rest.size());
+      }
+    }
+  }
+}
+
+// `*tail` keeps the last bytes of what it was and `s` (as many as a marker less one).
+void KeepHarmonyTail(std::string* tail, std::string_view s) {
+  constexpr size_t kKeep = 12;  // "<|constrain|>", the longest marker, less one
+  *tail += s.substr(s.size() - std::min(s.size(), kKeep));
+  if (tail->size() > kKeep) tail->erase(0, tail->size() - kKeep);
+}
+
 }  // namespace
 
 bool ParseToolCall(std::string_view body, const std::vector<ChatTool>& tools, ChatToolCall* call, std::string* why) {
@@ -73,11 +174,22 @@ OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
   std::erase_if(opts_.stop_sequences, [](const std::string& s) { return s.empty(); });
   if (opts_.harmony) {
     // The prefill sets the state (a header under way, an opened analysis or final message, a
-    // call's arguments); the client has its text already, so nothing of it is emitted.
+    // call's arguments); the client has its text already, so nothing of it is emitted. As with
+    // the tagged families, whose parser never sees the prefill, stop sequences apply to the
+    // generated text only, and a body's text held back at the prefill's end (what may have
+    // become a marker) is the client's, not to be emitted later.
     mode_ = Mode::kHarmonyHeader;
     std::vector<ParsedEvent> discarded;
+    std::vector<std::string> stops = std::move(opts_.stop_sequences);
+    opts_.stop_sequences.clear();
     buf_ = opts_.turn_prefill;
     ProcessHarmony(&discarded, false);
+    opts_.stop_sequences = std::move(stops);
+    KeepHarmonyTail(&text_tail_, held_ws_);
+    if (mode_ == Mode::kHarmonyText || mode_ == Mode::kReasoning) {
+      KeepHarmonyTail(mode_ == Mode::kReasoning ? &reasoning_tail_ : &text_tail_, buf_);
+      buf_.clear();
+    }
     held_ws_.clear();
     tool_calls_ = 0;
   } else if (opts_.start_in_reasoning) {
@@ -100,6 +212,7 @@ void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
     if (s.empty()) return;
     skip_ws_ = false;
   }
+  if (opts_.harmony && held_ws_.empty()) TrimHarmonyMarkerSeam(text_tail_, &s);
   // Hold trailing whitespace: it is dropped if a tool call or the end follows.
   size_t end = s.size();
   while (end > 0 && IsWs(s[end - 1])) --end;
@@ -110,6 +223,7 @@ void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
   std::string text = std::move(held_ws_);
   held_ws_.assign(s.substr(end));
   text += s.substr(0, end);
+  if (opts_.harmony) KeepHarmonyTail(&text_tail_, text);
   if (!out->empty() && out->back().kind == ParsedEvent::Kind::kText) {
     out->back().text += text;
   } else {
@@ -118,6 +232,10 @@ void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
 }
 
 void OutputParser::EmitReasoning(std::string_view s, std::vector<ParsedEvent>* out) {
+  if (opts_.harmony) {
+    TrimHarmonyMarkerSeam(reasoning_tail_, &s);
+    KeepHarmonyTail(&reasoning_tail_, s);
+  }
   if (s.empty()) return;
   if (!out->empty() && out->back().kind == ParsedEvent::Kind::kReasoning) {
     out->back().text += s;
@@ -441,7 +559,7 @@ void OutputParser::CompleteHarmonyCall(const std::string& body, std::vector<Pars
     ++tool_calls_;
   } else {
     held_ws_.clear();
-    EmitText(body, out);  // not a call: the client sees the arguments the model wrote
+    EmitText(StripHarmonyMarkers(body), out);  // not a call: the client sees the arguments the model wrote
   }
   skip_ws_ = true;
   held_ws_.clear();
@@ -455,7 +573,13 @@ void OutputParser::ProcessHarmony(std::vector<ParsedEvent>* out, bool final) {
         const size_t m = buf_.find(h.message);
         const std::string_view header = std::string_view(buf_).substr(0, m);
         if (header.size() > kMaxHarmonyHeader || !MayBeHarmonyHeader(header)) {
-          mode_ = Mode::kHarmonyText;  // no header: the model answered in plain text
+          // No header: the model answered in plain text. The marker it may start with goes (the
+          // text would hand it back here).
+          size_t i = 0;
+          while (i < buf_.size() && IsWs(buf_[i])) ++i;
+          bool partial;
+          buf_.erase(i, HarmonyMarkerAt(std::string_view(buf_).substr(i), &partial).len);
+          mode_ = Mode::kHarmonyText;
           continue;
         }
         if (m == std::string::npos) {
@@ -466,66 +590,79 @@ void OutputParser::ProcessHarmony(std::vector<ParsedEvent>* out, bool final) {
         buf_.erase(0, m + h.message.size());
         continue;
       }
-      case Mode::kReasoning: {  // an analysis message
-        const size_t end = buf_.find(h.end);
-        if (end != std::string::npos) {
-          EmitReasoning(std::string_view(buf_).substr(0, end), out);
-          buf_.erase(0, end + h.end.size());
-          mode_ = Mode::kHarmonyHeader;
-          continue;
-        }
-        const size_t keep = final ? 0 : PartialSuffix(buf_, h.end);
-        EmitReasoning(std::string_view(buf_).substr(0, buf_.size() - keep), out);
-        buf_.erase(0, buf_.size() - keep);
-        return;
-      }
+      case Mode::kReasoning:  // an analysis message
       case Mode::kHarmonyText: {
-        size_t best = buf_.find(h.end);
-        size_t best_len = h.end.size();
-        int which = -1;  // -1: the message's end, else a stop sequence
-        for (size_t i = 0; i < opts_.stop_sequences.size(); ++i) {
+        // The body runs to the first marker (or stop sequence: text only).
+        const bool text = mode_ == Mode::kHarmonyText;
+        const auto emit = [&](std::string_view s) { text ? EmitText(s, out) : EmitReasoning(s, out); };
+        MarkerHit hit = FindHarmonyMarker(buf_);
+        int stop = -1;
+        for (size_t i = 0; text && i < opts_.stop_sequences.size(); ++i) {
           const size_t p = buf_.find(opts_.stop_sequences[i]);
-          if (p != std::string::npos && (best == std::string::npos || p < best)) {
-            best = p;
-            best_len = opts_.stop_sequences[i].size();
-            which = static_cast<int>(i);
+          if (p != std::string::npos && p < hit.pos) {
+            hit.pos = p;
+            hit.len = opts_.stop_sequences[i].size();
+            stop = static_cast<int>(i);
           }
         }
-        if (best != std::string::npos) {
-          EmitText(std::string_view(buf_).substr(0, best), out);
-          if (which >= 0) {
+        if (hit.pos != std::string::npos) {
+          emit(std::string_view(buf_).substr(0, hit.pos));
+          if (stop >= 0) {
             stopped_ = true;
-            matched_stop_ = opts_.stop_sequences[which];
+            matched_stop_ = opts_.stop_sequences[stop];
             buf_.clear();
             held_ws_.clear();
             return;
           }
-          buf_.erase(0, best + best_len);
-          mode_ = Mode::kHarmonyHeader;
+          if (hit.kind == MarkerKind::kHeader) {
+            buf_.erase(0, hit.pos);
+            mode_ = Mode::kHarmonyHeader;
+          } else {
+            buf_.erase(0, hit.pos + hit.len);
+            if (hit.kind == MarkerKind::kEnd) mode_ = Mode::kHarmonyHeader;
+          }
           continue;
         }
         size_t keep = 0;
         if (!final) {
-          keep = PartialSuffix(buf_, h.end);
-          for (const std::string& s : opts_.stop_sequences) keep = std::max(keep, PartialSuffix(buf_, s));
+          // What may become a marker, with the end of what was emitted before (the seam that
+          // EmitText / EmitReasoning trim).
+          const std::string& tail = text ? text_tail_ : reasoning_tail_;
+          keep = std::min(buf_.size(), HarmonyMarkerPartialSuffix(text && !held_ws_.empty() ? buf_ : tail + buf_));
+          for (size_t i = 0; text && i < opts_.stop_sequences.size(); ++i)
+            keep = std::max(keep, PartialSuffix(buf_, opts_.stop_sequences[i]));
         }
-        EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);
+        emit(std::string_view(buf_).substr(0, buf_.size() - keep));
         buf_.erase(0, buf_.size() - keep);
         if (final) held_ws_.clear();
         return;
       }
       case Mode::kHarmonyCall: {
         // The arguments: an object, complete when it closes (json_depth_ 0: not begun, -1: the
-        // body is no object and runs to <|end|> or the end).
+        // body is no object). A marker outside the object's strings cannot be JSON: it ends the
+        // body (a call the model broke off with <|end|> or <|call|>, or the next header), which
+        // is then malformed. Each byte is looked at once (what may be a marker's start, once per
+        // Feed until decided).
         size_t i = 0;
         bool closed = false;
-        for (; i < buf_.size() && !closed && json_depth_ >= 0; ++i) {
+        MarkerHit cut;
+        for (; i < buf_.size() && !closed; ++i) {
           const char c = buf_[i];
-          if (json_depth_ == 0 && !IsWs(c) && c != '{') {
-            json_depth_ = -1;
-            break;
+          if (c == '<' && !(json_depth_ > 0 && json_in_string_)) {
+            bool partial;
+            const MarkerHit at = HarmonyMarkerAt(std::string_view(buf_).substr(i), &partial);
+            if (at.len > 0) {
+              cut = at;
+              break;
+            }
+            if (partial && !final) break;  // decided by what comes next
           }
           tool_buf_ += c;
+          if (json_depth_ < 0 || (json_depth_ == 0 && IsWs(c))) continue;
+          if (json_depth_ == 0 && c != '{') {
+            json_depth_ = -1;
+            continue;
+          }
           if (JsonStringByte(c)) continue;
           if (c == '{' || c == '[') {
             ++json_depth_;
@@ -534,18 +671,18 @@ void OutputParser::ProcessHarmony(std::vector<ParsedEvent>* out, bool final) {
           }
         }
         buf_.erase(0, i);
-        if (json_depth_ < 0) {
-          tool_buf_ += buf_;
-          buf_.clear();
-          const size_t end = tool_buf_.find(h.end);
-          if (end != std::string::npos) {
-            buf_ = tool_buf_.substr(end + h.end.size());
-            tool_buf_.resize(end);
-            closed = true;
+        if (cut.len > 0 && cut.kind != MarkerKind::kHeader) buf_.erase(0, cut.len);
+        if (!closed && cut.len == 0 && final) {
+          // Cut off by the end inside a string that never closed: not JSON after all; the first
+          // marker anywhere ends it, as outside strings.
+          const MarkerHit any = FindHarmonyMarker(tool_buf_);
+          if (any.len > 0) {
+            buf_ = tool_buf_.substr(any.pos + (any.kind == MarkerKind::kHeader ? 0 : any.len)) + buf_;
+            tool_buf_.resize(any.pos);
           }
         }
-        if (!closed && !final) return;
-        // Closed, or cut off by the end (then it does not parse and is text).
+        if (!closed && cut.len == 0 && !final) return;
+        // Closed, ended by a marker or cut off by the end (then it does not parse and is text).
         const std::string body = std::move(tool_buf_);
         tool_buf_.clear();
         mode_ = Mode::kHarmonyHeader;

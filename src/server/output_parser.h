@@ -24,7 +24,11 @@
 //   tool calls — a message addressed `to=functions.NAME`: its body is the arguments object,
 //                complete when the object closes (the model's <|call|> that follows ends the
 //                generation), validated against NAME's schema; a body that does not parse or
-//                validate (unterminated, malformed, an unknown tool) is passed on as text.
+//                validate (unterminated, malformed, an unknown tool) is passed on as text. A
+//                marker outside the object's strings ends the body (it cannot be JSON).
+// Harmony's markers never reach a block: in a body, <|end|> (or the text of <|call|>,
+// <|return|>) ends the message, <|start|> or <|channel|> starts the next header (the model
+// skipped the end), and <|message|> or <|constrain|> is dropped.
 //
 // Text that may be the start of a marker ("</think>", "<tool_call>", a stop sequence) is held
 // back until it is decided, so nothing has to be taken back from a client. Input must be fed in
@@ -64,7 +68,8 @@ class OutputParser {
     std::string reasoning_end = ReasoningMarkupFor(ChatFamily::kChatML).end;  // ends the reasoning section
     // OpenAI harmony channels instead of tags (the options above about reasoning and the
     // prefill do not apply), starting after `turn_prefill`: what the prompt's open assistant
-    // turn already holds (model/chat_format.h OpenAssistantTurn).
+    // turn already holds (model/chat_format.h OpenAssistantTurn); only its state counts (stop
+    // sequences are looked for in the generated text, as with the other families).
     bool harmony = false;
     std::string turn_prefill;
   };
@@ -99,7 +104,7 @@ class OutputParser {
     kHarmonyCall
   };
   void Process(std::vector<ParsedEvent>* out, bool final);
-  void ProcessHarmony(std::vector<ParsedEvent>* out, bool final);  // output_parser_harmony.cpp
+  void ProcessHarmony(std::vector<ParsedEvent>* out, bool final);
   // kHarmonyHeader: starts the message whose header is `header`.
   void StartHarmonyMessage(std::string_view header);
   void CompleteHarmonyCall(const std::string& body, std::vector<ParsedEvent>* out);
@@ -122,11 +127,15 @@ class OutputParser {
   bool json_in_string_ = false;  // kBareJson, kToolCall: inside a JSON string (after a backslash)
   bool json_escape_ = false;
   std::string held_ws_;  // trailing whitespace of the text, emitted once more text follows
+  // Harmony: the last bytes emitted as text / as reasoning (what a marker may have begun).
+  std::string text_tail_, reasoning_tail_;
   bool skip_ws_ = true;  // drop whitespace at the start of text
   bool stopped_ = false;
   std::string matched_stop_;
   int tool_calls_ = 0;
-  std::string call_name_;  // kHarmonyCall: the recipient after `functions.` (empty: another recipient)
+  // kHarmonyCall: the message's whole recipient (`functions.NAME` for a request's tool; any
+  // other, `python` or `browser.search`, makes the body text).
+  std::string call_name_;
 };
 
 // Parses a tool call body `{"name": ..., "arguments": {...}}` and validates it against `tools`.
