@@ -12,6 +12,8 @@
 #include "model/chat_format.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "model/test_models.h"
+#include "model/tokenizer.h"
 #include "server/output_constraint.h"
 #include "server/output_parser.h"
 
@@ -437,10 +439,163 @@ TEST(Harmony, ForcedCallGrammar) {
   GrammarState unknown = (*c)->state();
   EXPECT_FALSE(unknown.AdvanceAll("search <|constrain|>json<|message|>"));
 
-  req.tool_choice = ToolChoice::kAuto;  // lazy: waits for `to=functions.`
+  req.tool_choice = ToolChoice::kAuto;  // lazy: waits for a recipient in a header
   c = BuildOutputConstraint(req, nullptr);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_FALSE((*c)->active());
+}
+
+// The lazy grammars driven token by token over gpt-oss's own vocabulary (o200k_harmony, whose
+// markers are single tokens), as the sampler's mask sees them.
+class HarmonyVocab : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = FindModelFile("generated/tokenizer-gptoss.gguf");
+    if (path.empty()) return;
+    auto f = gguf::GgufFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    auto tok = Tokenizer::FromGguf(**f);
+    ASSERT_TRUE(tok.ok()) << tok.status().message();
+    tok_ = tok->release();
+    masker_ = std::make_shared<const TokenMasker>(*tok_, tok_->vocab_size());
+  }
+  static void TearDownTestSuite() {
+    masker_.reset();
+    delete tok_;
+    tok_ = nullptr;
+  }
+  void SetUp() override {
+    if (tok_ == nullptr)
+      GTEST_SKIP() << "generated/tokenizer-gptoss.gguf not built (scripts/hf_tokenizer_gguf.py --all)";
+  }
+  static std::shared_ptr<TokenConstraint> Build(const ConstraintRequest& req) {
+    auto c = BuildOutputConstraint(req, masker_);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return c.ok() ? *c : nullptr;
+  }
+  static std::vector<TokenId> Tokens(const std::string& text) { return tok_->Encode(text, false, true); }
+  // The model writes `text`: every token must be allowed when it is sampled.
+  static void Write(TokenConstraint* c, const std::string& text) {
+    for (TokenId t : Tokens(text)) {
+      ASSERT_TRUE(c->Allows(t)) << "\"" << tok_->TokenToPiece(t, true) << "\" in " << text;
+      c->Accept(t);
+    }
+  }
+  // Whether the model could write `text` next (the constraint is left as it was).
+  static bool Allows(const TokenConstraint& c, const std::string& text) {
+    TokenConstraint probe = c;
+    for (TokenId t : Tokens(text)) {
+      if (!probe.Allows(t)) return false;
+      probe.Accept(t);
+    }
+    return true;
+  }
+  static Tokenizer* tok_;
+  static std::shared_ptr<const TokenMasker> masker_;
+};
+Tokenizer* HarmonyVocab::tok_ = nullptr;
+std::shared_ptr<const TokenMasker> HarmonyVocab::masker_;
+
+ConstraintRequest AutoRequest() {
+  ConstraintRequest req;
+  req.family = ChatFamily::kHarmony;
+  req.tools = {Weather()};
+  req.tool_choice = ToolChoice::kAuto;
+  return req;
+}
+
+// Under auto a recipient in a header starts the grammar, in either place the model puts it (in
+// the channel, or after the role: at the turn's start or after `<|start|>assistant`); from there
+// only a declared name, that place's rest of the header and arguments under the schema fit.
+TEST_F(HarmonyVocab, AutoGrammarAtEitherRecipientPlace) {
+  const std::string analysis = "<|channel|>analysis<|message|>Need to=functions. weather.<|end|><|start|>assistant";
+  const std::string args = "{\"city\": \"Oslo\"}";
+  struct Case {
+    std::string before;  // up to the recipient's `to=functions.`
+    std::string rest;    // the header after the name
+    std::string wrong;   // the header of the other place
+  };
+  const std::string role_rest = "<|channel|>commentary json<|message|>";
+  const std::string channel_rest = " <|constrain|>json<|message|>";
+  const std::vector<Case> cases = {
+      {" to=functions.", role_rest, channel_rest},
+      {analysis + " to=functions.", role_rest, channel_rest},
+      {"<|channel|>commentary to=functions.", channel_rest, role_rest},
+      {analysis + "<|channel|>commentary to=functions.", channel_rest, role_rest},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.before);
+    std::shared_ptr<TokenConstraint> c = Build(AutoRequest());
+    ASSERT_TRUE(c);
+    Write(c.get(), k.before);
+    ASSERT_TRUE(c->active());
+    EXPECT_FALSE(Allows(*c, "search" + k.rest));
+    EXPECT_FALSE(Allows(*c, "get_weather" + k.wrong));
+    EXPECT_TRUE(Allows(*c, "get_weather" + k.rest + args));
+    Write(c.get(), "get_weather" + k.rest);
+    EXPECT_FALSE(Allows(*c, "{\"town\": \"Oslo\"}"));
+    EXPECT_FALSE(Allows(*c, "{}"));
+    Write(c.get(), args);
+    EXPECT_FALSE(c->active()) << "complete: free again, for the next call";
+  }
+}
+
+// `to=functions.` in prose (an analysis message, a preamble) is no call.
+TEST_F(HarmonyVocab, RecipientSpelledInProseIsFree) {
+  std::shared_ptr<TokenConstraint> c = Build(AutoRequest());
+  ASSERT_TRUE(c);
+  Write(c.get(), "<|channel|>analysis<|message|>I could call to=functions.");
+  EXPECT_FALSE(c->active());
+  EXPECT_TRUE(Allows(*c, "get_weather, or not.<|end|>"));
+  EXPECT_TRUE(Allows(*c, " something else"));
+}
+
+// A server-run call (tool search) is followed by its injected result and the model goes on: its
+// text is free and its next call constrained again.
+TEST_F(HarmonyVocab, NextCallAfterAnInjectedResultIsConstrainedAgain) {
+  std::shared_ptr<TokenConstraint> c = Build(AutoRequest());
+  ASSERT_TRUE(c);
+  Write(c.get(), "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}");
+  const RenderedChat turn = ToolResultTurn(ChatFamily::kHarmony, "get_weather", "sunny");
+  for (TokenId t : tok_->EncodeTemplated(turn.text, false, turn.literal)) c->Accept(t);
+  EXPECT_FALSE(c->active());
+  EXPECT_TRUE(Allows(*c, "<|channel|>final<|message|>Sunny in Oslo."));
+  Write(c.get(), " to=functions.");
+  ASSERT_TRUE(c->active());
+  EXPECT_FALSE(Allows(*c, "search"));
+  EXPECT_TRUE(Allows(*c, "get_weather<|channel|>commentary json<|message|>{\"city\": \"Rome\"}"));
+}
+
+// A structured answer: the analysis is free, the final message's body is JSON of the schema, and
+// after it only the end of generation.
+TEST_F(HarmonyVocab, StructuredFinalMessageGrammar) {
+  const TokenId ret = tok_->Find("<|return|>");
+  ASSERT_GE(ret, 0);
+  ASSERT_TRUE(tok_->IsEndOfGeneration(ret));
+  for (bool with_tools : {false, true}) {
+    for (const std::string header : {"<|channel|>final<|message|>", "<|channel|>final <|constrain|>json<|message|>"}) {
+      SCOPED_TRACE(header + (with_tools ? " with tools" : ""));
+      ConstraintRequest req = AutoRequest();
+      if (!with_tools) req.tools.clear();
+      req.format = OutputFormat::kJsonSchema;
+      req.schema = Json::parse(
+          R"({"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": false})");
+      std::shared_ptr<TokenConstraint> c = Build(req);
+      ASSERT_TRUE(c);
+      Write(c.get(), "<|channel|>analysis<|message|>Think {not JSON} freely.<|end|><|start|>assistant");
+      EXPECT_FALSE(c->active());
+      Write(c.get(), header);
+      ASSERT_TRUE(c->active());
+      EXPECT_FALSE(Allows(*c, "Yes."));
+      EXPECT_FALSE(Allows(*c, "{\"other\": 1}"));
+      EXPECT_FALSE(c->Allows(ret));
+      Write(c.get(), "{\"answer\": \"yes\"}");
+      EXPECT_TRUE(c->active());
+      EXPECT_TRUE(c->Allows(ret));
+      EXPECT_FALSE(Allows(*c, " more"));
+    }
+  }
 }
 
 }  // namespace

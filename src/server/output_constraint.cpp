@@ -83,22 +83,44 @@ Expr TaggedCall(GrammarBuilder& b, const ToolCallMarkup& m, const Expr& calls) {
                 b.Literal(m.close)});
 }
 
-// Harmony (model/chat_format.h HarmonyMarkup): what may follow a call's recipient
+// Harmony (model/chat_format.h HarmonyMarkup): what follows a call's recipient
 // `to=functions.NAME` up to its body, in either place the model puts the recipient:
-// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` or
-// `to=functions.NAME<|channel|>commentary json<|message|>`.
-Expr HarmonyCallHeaderRest(GrammarBuilder& b) {
+// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` (in_channel) or
+// `to=functions.NAME<|channel|>commentary json<|message|>` (after the role).
+Expr HarmonyCallHeaderRest(GrammarBuilder& b, bool in_channel) {
   const HarmonyMarkup& h = Harmony();
-  return b.Seq({b.Opt(b.Literal(h.channel + h.commentary)),
-                b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")})),
-                b.Literal(h.message)});
+  const Expr type = b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")}));
+  if (in_channel) return b.Seq({type, b.Literal(h.message)});
+  return b.Seq({b.Literal(h.channel + h.commentary), type, b.Literal(h.message)});
+}
+
+// Under auto the grammar starts at a recipient in a header (HarmonyAutoTriggers), not at any
+// `to=functions.` in prose: `<|channel|>commentary to=functions.`, `<|start|>assistant
+// to=functions.`, or `to=functions.` at the start of the turn (the prompt ends with
+// `<|start|>assistant`) or right after a call.
+TokenConstraint::Options HarmonyAutoTriggers(bool tools, bool structured) {
+  const HarmonyMarkup& h = Harmony();
+  const std::string to = h.recipient + h.functions;
+  TokenConstraint::Options o;
+  if (tools) {
+    o.triggers = {h.channel + h.commentary + " " + to, h.start + "assistant " + to};
+    o.start_triggers = {to};
+  }
+  if (structured) o.triggers.push_back(h.channel + h.final_channel);
+  // Several calls in one generation, as the tagged families: after a server-run tool search
+  // the model goes on (its result is injected), and its next call is constrained again. A
+  // structured answer stays the end, only end-of-generation may follow it; the same grammar
+  // cannot also re-arm, so with structured output a call leaves only end-of-generation too
+  // (known limit, docs/api.md: after a search that loads no tool, which would rebuild the
+  // constraint, the generation can only end).
+  o.repeat = tools && !structured;
+  return o;
 }
 
 // Harmony's constraint. A forced call's header is in the prompt (ForcedToolCallPrefix): the
-// grammar holds the name (any tool) and the arguments; under auto it starts at the recipient
-// `to=functions.` wherever the model writes one; a structured answer is the body of the final
-// message (the analysis before it is free). After the arguments only the end of generation
-// (<|call|>) is left, so each generation makes at most one call.
+// grammar holds the name (any tool) and the arguments; under auto it starts at a recipient in a
+// header (HarmonyAutoTriggers); a structured answer is the body of the final message (the
+// analysis before it is free).
 Result<Expr> HarmonyGrammar(GrammarBuilder& b, const ConstraintRequest& req, bool tools, bool forced, bool structured) {
   const HarmonyMarkup& h = Harmony();
   if (forced && req.tool_choice == ToolChoice::kTool) {
@@ -106,16 +128,25 @@ Result<Expr> HarmonyGrammar(GrammarBuilder& b, const ConstraintRequest& req, boo
       if (req.tools[i].name == req.forced_tool) return ToolArgs(b, req.tools[i], i, /*forced=*/true);
     return InvalidArgument("tool_choice: no tool named \"" + req.forced_tool + "\"");
   }
-  std::vector<Expr> calls;
+  std::vector<Expr> in_channel, after_role;  // NAME HEADER-REST ARGS of each tool
   for (size_t i = 0; tools && i < req.tools.size(); ++i) {
     Result<Expr> args = ToolArgs(b, req.tools[i], i, forced);
     if (!args.ok()) return args;
-    const Expr rest = forced ? b.Literal(" " + h.constrain + "json" + h.message) : HarmonyCallHeaderRest(b);
-    calls.push_back(b.Seq({b.Literal(req.tools[i].name), rest, *args}));
+    const Expr name = b.Literal(req.tools[i].name);
+    if (forced) {
+      in_channel.push_back(b.Seq({name, b.Literal(" " + h.constrain + "json" + h.message), *args}));
+    } else {
+      in_channel.push_back(b.Seq({name, HarmonyCallHeaderRest(b, true), *args}));
+      after_role.push_back(b.Seq({name, HarmonyCallHeaderRest(b, false), *args}));
+    }
   }
-  if (forced) return b.Alt(calls);
+  if (forced) return b.Alt(in_channel);
   std::vector<Expr> forms;
-  if (!calls.empty()) forms.push_back(b.Seq({b.Literal(h.recipient + h.functions), b.Alt(calls)}));
+  if (!in_channel.empty()) {
+    const std::string to = h.recipient + h.functions;
+    forms.push_back(b.Seq({b.Literal(h.channel + h.commentary + " " + to), b.Alt(in_channel)}));
+    forms.push_back(b.Seq({b.Opt(b.Literal(h.start + "assistant ")), b.Literal(to), b.Alt(after_role)}));
+  }
   if (structured) {
     Result<Expr> answer = req.format == OutputFormat::kJsonObject ? Result<Expr>(JsonAnyObject(b))
                                                                   : JsonSchemaExpr(b, req.schema, {/*strict=*/true});
@@ -154,9 +185,7 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
   const bool harmony = req.family == ChatFamily::kHarmony;
   if (harmony) {
-    const HarmonyMarkup& h = Harmony();
-    if (!forced && tools) opts.triggers.push_back(h.recipient + h.functions);
-    if (!forced && structured) opts.triggers.push_back(h.channel + h.final_channel);
+    if (!forced) opts = HarmonyAutoTriggers(tools, structured);
   } else if (!forced && !structured) {
     // auto: lazy, for every call the model opens, tagged or in a fence.
     opts.triggers = {m.open};
