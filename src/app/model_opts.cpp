@@ -16,9 +16,9 @@ void AddModelOptions(CLI::App& app, ModelArgs* a) {
   static const std::map<std::string, WeightMode> kWeightModes = {{"native", WeightMode::kNative},
                                                                  {"q8g64", WeightMode::kQ8G64}};
   app.add_option("--weights", a->weights,
-                 "fast-path weights: native (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0 and Q4_0 keep the file's own "
-                 "words) or q8g64 (every matrix "
-                 "converted to Q8/g64); default MERERUN_WEIGHTS, else native")
+                 "fast-path weights: native (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16, BF16 and MXFP4 keep "
+                 "the file's own words) or q8g64 (every matrix converted to Q8/g64); default MERERUN_WEIGHTS, "
+                 "else native")
       ->transform(CLI::CheckedTransformer(kWeightModes, CLI::ignore_case).description(""))
       ->type_name("native|q8g64")
       ->default_str(WeightModeName(a->weights));

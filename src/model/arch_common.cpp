@@ -59,26 +59,37 @@ namespace {
 // pair i's angle mixes the interpolated one (divided by F) and the original by a ramp that is 1
 // (original) for the fast pairs, whose wavelength fits beta_fast = 32 times into the original
 // context, 0 for the slow ones (beta_slow = 1), linear between; and cos / sin are multiplied by
-// 1 + 0.1 ln F (both times rope.scaling.attn_factor, the only scale of "linear"): llama.cpp cancels its own get_mscale
-// against that term, so that is what remains. Both are per-pair factors of a frequency (rope_freq_factors: the mix is
-// linear in the position), and the magnitude scale, applied to q and k alike, is rope_mscale (Model::Load folds its
-// square into attn_scale). llama.cpp reads the yarn_beta_* / yarn_ext_factor keys only for grok, so they are not read
-// here either.
+// 1 + 0.1 ln F when F > 1: llama.cpp cancels its own get_mscale against that term, so that is what
+// remains. rope.scaling.attn_factor multiplies cos / sin whatever the type (the only magnitude
+// scale of "linear" and "none"). Both are per-pair factors of a frequency (rope_freq_factors: the
+// mix is linear in the position), and the magnitude scale, applied to q and k alike, is
+// rope_mscale (Model::Load folds its square into attn_scale). Sliding-window layers keep their
+// RoPE unscaled unless the architecture says otherwise (rope_factors_swa), as llama.cpp's
+// rope_freq_scale_train_swa defaults to 1. A factor of 0 means none, as in llama.cpp. llama.cpp
+// reads the yarn_beta_* / yarn_ext_factor keys only for a few architectures (grok, mistral3), not
+// for these, so they are not read here either.
 Status ReadRopeScaling(const gguf::GgufFile& f, const std::string& p, ModelConfig* cfg) {
   float factor = 1.0f;
   const std::string factor_key =
       f.Find(p + "rope.scaling.factor") == nullptr && f.Find(p + "rope.scale_linear") != nullptr
           ? p + "rope.scale_linear"
           : p + "rope.scaling.factor";
-  MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, factor_key, 1.0, 1e6, &factor));
+  if (const auto v = f.GetFloat(factor_key); !(v && *v == 0.0)) {
+    MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, factor_key, 1.0, 1e6, &factor));
+  }
+  const gguf::MetaValue* type_value = f.Find(p + "rope.scaling.type");
+  if (type_value != nullptr && !f.GetString(p + "rope.scaling.type")) {
+    return InvalidArgument("[model] metadata key '" + p + "rope.scaling.type': got a " +
+                           gguf::ValueTypeName(type_value->type) + ", expected a string");
+  }
   const std::string type = f.GetString(p + "rope.scaling.type").value_or("linear");
-  if (type == "none" || factor == 1.0f) return Status::Ok();
-  const int64_t half = cfg->head_dim / 2;
   float attn_factor = 1.0f;
   MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, p + "rope.scaling.attn_factor", 1.0, 1e6, &attn_factor));
+  cfg->rope_mscale = attn_factor;
+  if (type == "none" || factor == 1.0f) return Status::Ok();
+  const int64_t half = cfg->head_dim / 2;
   if (type == "linear") {
     cfg->rope_freq_factors.assign(static_cast<size_t>(half), factor);
-    cfg->rope_mscale = attn_factor;
     return Status::Ok();
   }
   if (type != "yarn") {
@@ -103,7 +114,8 @@ Status ReadRopeScaling(const gguf::GgufFile& f, const std::string& p, ModelConfi
     const float mix = 1 - std::min(1.0f, std::max(0.0f, y));
     cfg->rope_freq_factors[static_cast<size_t>(i)] = 1.0f / (freq_scale * (1 - mix) + mix);
   }
-  cfg->rope_mscale = attn_factor * (1.0f + 0.1f * std::log(factor));
+  if (factor > 1.0f) cfg->rope_mscale = attn_factor * (1.0f + 0.1f * std::log(factor));
+  cfg->rope_yarn = true;
   return Status::Ok();
 }
 

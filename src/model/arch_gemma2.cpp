@@ -16,6 +16,7 @@ Status ReadGemma2Config(const gguf::GgufFile& f, ModelConfig* cfg) {
   MR_RETURN_IF_ERROR(ReadCommonConfig(f, "gemma2", cfg));
   cfg->arch = Arch::kGemma2;
   cfg->rope_neox = true;
+  cfg->rope_factors_swa = true;  // llama.cpp's gemma2 copies the scaling to its sliding layers
   cfg->post_norms = true;
   cfg->act = Activation::kGeluTanh;
   cfg->embed_scale = std::sqrt(static_cast<float>(cfg->d_model));

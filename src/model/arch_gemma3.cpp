@@ -23,6 +23,13 @@ Status ReadGemma3Config(const gguf::GgufFile& f, ModelConfig* cfg) {
   MR_RETURN_IF_ERROR(ReadIntKey(f, "gemma3.attention.sliding_window", 0, kMaxContextLength, 512, &cfg->sliding_window));
   MR_RETURN_IF_ERROR(ReadPositiveFloatKey(f, "gemma3.rope.freq_base", 1000000.0, 1e30, &cfg->rope_base));
   cfg->rope_base_swa = 10000.0f;
+  // The 4B-27B files scale the global layers' RoPE (linear x8); the sliding ones keep theirs
+  // (rope_factors_swa false). YaRN's magnitude scale would then differ between the two kinds of
+  // layer, which one attention scale cannot express.
+  if (cfg->rope_yarn) {
+    return Unsupported(
+        "[model] metadata key 'gemma3.rope.scaling.type': yarn rope scaling is not supported for gemma3");
+  }
   // Layers 0..4 sliding, 5 global, repeating (Gemma 3 technical report: 5 local : 1 global).
   constexpr int64_t kPattern = 6;
   for (int64_t l = 0; l < cfg->n_layer; ++l) cfg->layer_is_swa[l] = (l + 1) % kPattern != 0;

@@ -57,9 +57,9 @@ class FastOps final : public ForwardOps {
       const float e = -2.0f * static_cast<float>(i) / static_cast<float>(hd);
       rope_inv_[i] = std::pow(c_.rope_base, e);
       rope_inv_swa_[i] = std::pow(c_.rope_base_swa, e);
-      if (!c_.rope_freq_factors.empty()) {  // Llama 3.x: per-pair factors divide the frequency
+      if (!c_.rope_freq_factors.empty()) {  // Llama 3.x's or rope scaling's per-pair factors
         rope_inv_[i] /= c_.rope_freq_factors[i];
-        rope_inv_swa_[i] /= c_.rope_freq_factors[i];
+        if (c_.rope_factors_swa) rope_inv_swa_[i] /= c_.rope_freq_factors[i];
       }
     }
   }

@@ -35,7 +35,8 @@ class RefOps final : public ForwardOps {
 
   void Rope(float* x, int64_t n_heads, int64_t pos, bool swa) override {
     const float base = swa ? c_.rope_base_swa : c_.rope_base;
-    const float* factors = c_.rope_freq_factors.empty() ? nullptr : c_.rope_freq_factors.data();
+    const float* factors =
+        c_.rope_freq_factors.empty() || (swa && !c_.rope_factors_swa) ? nullptr : c_.rope_freq_factors.data();
     for (int64_t h = 0; h < n_heads; ++h) ref::Rope(x + h * c_.head_dim, c_.head_dim, pos, base, c_.rope_neox, factors);
   }
 

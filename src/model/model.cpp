@@ -15,7 +15,7 @@ namespace mr {
 namespace {
 std::atomic<int> g_default_weights{static_cast<int>(WeightMode::kNative)};
 std::atomic<bool> g_default_ref_path{false};
-std::atomic<uint8_t> g_default_fine_acts{kActQkv | kActO | kActTop};  // model.h: DefaultFineActs
+std::atomic<uint8_t> g_default_fine_acts{kActQkv | kActO | kActTop | kActArch};  // model.h: DefaultFineActs
 constexpr std::pair<ActRole, const char*> kActRoleNames[] = {
     {kActQkv, "qkv"}, {kActO, "o"}, {kActGlu, "glu"}, {kActDown, "down"}, {kActLogits, "logits"}, {kActTop, "top"}};
 }  // namespace
@@ -24,7 +24,7 @@ uint8_t DefaultFineActs() {
   return g_default_fine_acts.load();
 }
 void SetDefaultFineActs(uint8_t roles) {
-  g_default_fine_acts.store(roles & kActAllRoles);
+  g_default_fine_acts.store(roles & (kActAllRoles | kActArch));
 }
 
 bool ParseFineActs(const std::string& name, uint8_t* roles) {
@@ -130,7 +130,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   m->ref_path_ = opts.ref_path || DefaultReferencePath();
   m->kernels_ = &GetKernels(CpuSupports(opts.cpu) ? opts.cpu : DetectCpuVariant());
   m->native_weights_ = opts.weights == WeightMode::kNative;
-  m->fine_acts_ = m->ref_path_ ? 0 : opts.fine_acts & kActAllRoles;
+  const uint8_t roles = opts.fine_acts & kActArch ? opts.fine_acts | m->cfg_.arch_fine_acts : opts.fine_acts;
+  m->fine_acts_ = m->ref_path_ ? 0 : roles & kActAllRoles;
   MR_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
   if (opts.vocab_only) {
     m->vocab_only_ = true;
@@ -266,7 +267,7 @@ bool NativeFormat(const gguf::TensorInfo& t, KFormat* f) {
 }  // namespace
 
 // A GGUF matrix (rows outputs of cols inputs) in its fast-path format: tensors of a native type
-// (kquant.h: Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16, BF16) stay
+// (kquant.h: Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q8_0, Q4_0, F16, BF16, MXFP4) stay
 // native when allowed (native_weights_ and allow_native); others are converted to Q8/g64 in row
 // chunks so peak memory stays small, chunks spread over the pool.
 Status Model::LoadMatrix(const std::string& name, int64_t rows, int64_t cols, bool allow_native, WeightMatrix* out) {

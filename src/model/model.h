@@ -61,7 +61,11 @@ struct ModelConfig {
   std::vector<bool> layer_no_rope;  // per layer: no rotary embedding (smollm3's NoPE layers)
   float attn_scale = 0.0f;          // multiplies q·k (YaRN's magnitude scale, squared, included)
   float rope_mscale = 1.0f;         // YaRN: cos and sin times this (folded into attn_scale at load)
-  float embed_scale = 1.0f;         // gemma2, gemma3: sqrt(d_model)
+  bool rope_yarn = false;           // the rope scaling metadata is YaRN's
+  // Whether sliding-window layers use rope_freq_factors too: llama.cpp scales their RoPE only
+  // where the architecture copies its scaling to them (gemma2, gpt-oss), not gemma3's.
+  bool rope_factors_swa = false;
+  float embed_scale = 1.0f;  // gemma2, gemma3: sqrt(d_model)
   // gemma2's logit soft-capping (c * tanh(x / c)) of the scaled attention scores and of the
   // output logits; 0: none.
   float attn_softcap = 0.0f;
@@ -86,6 +90,10 @@ struct ModelConfig {
   // each expert's gate, up and down projections have biases.
   bool moe_softmax_weight = false;
   bool moe_biases = false;
+  // Activation roles (ActRole) read as two int8 rows by default on this architecture, on top of
+  // the process default (kActArch): gpt-oss's expert inputs, where int8 alone left the fast path
+  // further from the exact arithmetic than llama.cpp (docs/models.md).
+  uint8_t arch_fine_acts = 0;
 };
 
 struct LayerWeights {
@@ -141,7 +149,10 @@ enum ActRole : uint8_t {
   // Not a second row: after the output projection, each row's kTopLogits highest logits are
   // recomputed exactly (FP32 hidden state against the dequantized weight rows), so the tokens
   // that carry the probability mass get the reference path's logits; the tail keeps int8's.
-  kActTop = 32
+  kActTop = 32,
+  // Not a role: in the default set, "and the architecture's own (ModelConfig::arch_fine_acts)".
+  // An explicit set (MERERUN_ACTS, ParseFineActs) never has it, so it is taken exactly.
+  kActArch = 64
 };
 // "fine": every input as two rows (the top logits are then already as good as exact).
 constexpr uint8_t kActFineRoles = kActQkv | kActO | kActGlu | kActDown | kActLogits;
@@ -154,6 +165,7 @@ constexpr int kTopLogits = 256;
 // projections' input (the normed hidden state, with its outlier channels) as two rows and the
 // top logits recomputed exactly bring every catalog model under llama.cpp's distance for ~1/8
 // more integer work in prefill and verify; `down` would do as well but costs a third more.
+// Plus kActArch: each architecture's own additions (ModelConfig::arch_fine_acts).
 uint8_t DefaultFineActs();
 void SetDefaultFineActs(uint8_t roles);
 // "int8" (no role), "fine" (kActFineRoles) or a '+' list of qkv, o, glu, down, logits, top; false

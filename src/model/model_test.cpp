@@ -70,6 +70,8 @@ struct TinySpec {
   // Write the matrices as MXFP4 (the random values through QuantizeKBlocks): gpt-oss's expert
   // format; needs d, q_dim, ff multiples of 64.
   bool mxfp4 = false;
+  // Write the MoE experts (qwen3moe, gpt-oss) as MXFP4 3-D tensors, as gpt-oss's files store them.
+  bool mxfp4_experts = false;
   // Write rope_freqs.weight (Llama 3.x rope scaling): head_dim / 2 factors from 1 to 8.
   bool rope_freqs = false;
 };
@@ -291,11 +293,20 @@ std::string WriteTinyModel(const TinySpec& s, uint32_t seed) {
     mat(p + "attn_output.weight", d, q_dim);
     if (moe) {  // router (large, so the top 2 are clear), then experts stacked in a third dim
       add(p + "ffn_gate_inp.weight", {d, kExperts}, RandomF32Bytes(kExperts * d, rng, 3.0f / std::sqrt(float(d))));
+      auto experts = [&](const std::string& name, std::vector<int64_t> dims, std::vector<uint8_t> f32) {
+        if (!s.mxfp4_experts) return add(name, std::move(dims), std::move(f32));
+        const int64_t n = static_cast<int64_t>(f32.size() / 4);
+        std::vector<float> v(static_cast<size_t>(n));
+        std::memcpy(v.data(), f32.data(), f32.size());
+        std::vector<uint8_t> q(static_cast<size_t>(n / 32 * KSuperBytes(KFormat::kMXFP4)));
+        ASSERT_TRUE(QuantizeKBlocks(KFormat::kMXFP4, v.data(), q.data(), n / 32));
+        ASSERT_TRUE(w.AddTensor(name, kMXFP4, std::move(dims), std::move(q)).ok()) << name;
+      };
       for (const char* name : {"ffn_gate_exps.weight", "ffn_up_exps.weight"})
-        add(p + name, {d, kExpertFf, kExperts},
-            RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(d))));
-      add(p + "ffn_down_exps.weight", {kExpertFf, d, kExperts},
-          RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(kExpertFf))));
+        experts(p + name, {d, kExpertFf, kExperts},
+                RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(d))));
+      experts(p + "ffn_down_exps.weight", {kExpertFf, d, kExperts},
+              RandomF32Bytes(kExperts * kExpertFf * d, rng, 1.0f / std::sqrt(float(kExpertFf))));
       if (oss) {  // router and expert biases, the output bias, a sink logit per head
         add(p + "ffn_gate_inp.bias", {kExperts}, RandomF32Bytes(kExperts, rng, 1.0f));
         add(p + "ffn_gate_exps.bias", {kExpertFf, kExperts}, RandomF32Bytes(kExperts * kExpertFf, rng, 0.5f));
@@ -632,6 +643,44 @@ TEST_P(TinyArchTest, NativeMXFP4WeightsTrackReferencePath) {
   ExpectNativeTracksReference(s, 51);
 }
 
+// gpt-oss's experts as its files store them: 3-D MXFP4 tensors, each expert a row view of them
+// kept in native MXFP4 tiles on the fast path (2 layers x 3 projections x 4 experts) and
+// dequantized exactly on the reference path; the fast path tracks the reference (two-row inputs
+// closer than int8), and rows run one at a time give the batch's logits bit for bit.
+TEST(GptOss, MXFP4ExpertsRunNativeAndTrackTheReference) {
+  TinySpec s;
+  s.arch = "gpt-oss";
+  s.mxfp4_experts = true;
+  const std::string path = WriteTinyModel(s, 53);
+  const CpuVariant cpu = GetKernels(SelectedCpuVariant()).attention_bf16 ? CpuVariant::kAvx512 : SelectedCpuVariant();
+  auto ref = LoadTiny(path, true);
+  auto fast = LoadTiny(path, false, WeightMode::kNative, 0, cpu);
+  auto fine = LoadTiny(path, false, WeightMode::kNative, kActFineRoles, cpu);
+  ASSERT_TRUE(ref && fast && fine);
+  // Per layer 3 x 4 experts in MXFP4; the F32 attention matrices are converted, not native.
+  EXPECT_EQ(fast->native_matrices(), s.n_layer * 3 * 4);
+  const std::vector<TokenId> toks = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3};
+  const int64_t V = s.vocab, n = static_cast<int64_t>(toks.size());
+  const std::vector<float> r = AllLogits(*ref, toks, V), a = AllLogits(*fast, toks, V), f = AllLogits(*fine, toks, V);
+  auto rel = [&](const std::vector<float>& x) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += (x[i] - r[i]) * (x[i] - r[i]);
+      norm += r[i] * r[i];
+    }
+    return std::sqrt(err / norm);
+  };
+  EXPECT_LT(rel(a), 0.05);
+  EXPECT_LT(rel(f), rel(a));  // two-row inputs only remove rounding
+  KvCache kv = fast->NewKvCache(n);
+  std::vector<float> one(V);
+  for (int64_t t = 0; t < n; ++t) {
+    ASSERT_TRUE(fast->Forward(kv, &toks[t], 1, false, one.data()).ok());
+    EXPECT_EQ(MaxAbsDiff(std::vector<float>(a.begin() + t * V, a.begin() + (t + 1) * V), one), 0.0) << t;
+  }
+  std::filesystem::remove(path);
+}
+
 TEST_P(TinyArchTest, ContextOverflowAndBadTokensAreErrors) {
   TinySpec s;
   s.arch = GetParam();
@@ -733,6 +782,56 @@ TEST(RopeScaling, YarnAndLinearFactorsAndUnknownTypes) {
   EXPECT_NE(mb.status().message().find("llama.rope.scaling.type"), std::string::npos) << mb.status().message();
   EXPECT_NE(mb.status().message().find("longrope"), std::string::npos) << mb.status().message();
   std::filesystem::remove(bad);
+}
+
+// Rope scaling reaches sliding-window layers only where llama.cpp copies it to them (gemma2,
+// gpt-oss): Gemma 3's 4B-27B files scale their global layers (linear x8) and leave the sliding
+// ones alone. A 2-layer gemma3 file has only sliding layers (layer 5 is the first global one), so
+// its logits must not move when linear scaling is added, on either path; YaRN is refused for
+// gemma3 naming the key. A factor of 0 means none (llama.cpp), and rope.scaling.attn_factor
+// scales q and k whatever the type.
+TEST(RopeScaling, SlidingLayersOfGemma3KeepTheirRope) {
+  TinySpec s;
+  s.arch = "gemma3";
+  s.sliding_window = 4;
+  const std::string first = WriteTinyModel(s, 8), plain = first + ".plain";  // the next write reuses the name
+  std::filesystem::rename(first, plain);
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.SetString("gemma3.rope.scaling.type", "linear");
+    w.SetF32("gemma3.rope.scaling.factor", 8.0f);
+  };
+  const std::string scaled = WriteTinyModel(s, 8);
+  const std::vector<TokenId> toks = {1, 5, 9, 2, 7, 3, 11, 4};
+  for (bool ref : {true, false}) {
+    auto a = LoadTiny(plain, ref), b = LoadTiny(scaled, ref);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->config().rope_freq_factors.size(), 16u);
+    EXPECT_EQ(MaxAbsDiff(AllLogits(*a, toks, s.vocab), AllLogits(*b, toks, s.vocab)), 0.0) << (ref ? "ref" : "fast");
+  }
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.SetString("gemma3.rope.scaling.type", "yarn");
+    w.SetF32("gemma3.rope.scaling.factor", 8.0f);
+  };
+  const std::string yarn = WriteTinyModel(s, 9);
+  LoadOptions o;
+  o.n_threads = 1;
+  auto y = Model::Load(yarn, o);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.status().message().find("gemma3.rope.scaling.type"), std::string::npos) << y.status().message();
+
+  s.arch = "llama";
+  s.edit_meta = [](gguf::GgufWriter& w) {
+    w.SetString("llama.rope.scaling.type", "linear");
+    w.SetF32("llama.rope.scaling.factor", 0.0f);
+    w.SetF32("llama.rope.scaling.attn_factor", 1.5f);
+  };
+  const std::string zero = WriteTinyModel(s, 10);
+  auto z = LoadTiny(zero, /*ref_path=*/true);
+  ASSERT_NE(z, nullptr);
+  EXPECT_TRUE(z->config().rope_freq_factors.empty());
+  EXPECT_NEAR(z->config().attn_scale, 1.5 * 1.5 / std::sqrt(32.0), 1e-6);
+  for (const std::string& p : {plain, scaled, yarn, zero}) std::filesystem::remove(p);
 }
 
 // Llama 3.x rope scaling: rope_freqs.weight divides each pair's frequency. The factors change the
@@ -1473,6 +1572,27 @@ TEST(FineActs, NamesRoundTripAndBadNamesAreRefused) {
 // best tokens the recomputed logits must match the output projection read with two-row (~15-bit)
 // activations (`logits`) far more closely than the int8 projection does; the tail keeps int8's
 // values, and a row's result does not depend on the rows beside it.
+// The default set carries each architecture's own additions (kActArch): gpt-oss reads its expert
+// inputs (glu, down) as two rows too, other architectures do not; an explicit set is exact.
+TEST(FineActs, DefaultSetAddsTheArchitecturesOwnRoles) {
+  for (const char* arch : {"gpt-oss", "qwen3moe"}) {
+    TinySpec s;
+    s.arch = arch;
+    const std::string path = WriteTinyModel(s, 23);
+    LoadOptions o;
+    o.n_threads = 1;
+    auto m = Model::Load(path, o);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const uint8_t base = kActQkv | kActO | kActTop;
+    EXPECT_EQ((*m)->fine_acts(), std::string(arch) == "gpt-oss" ? base | kActGlu | kActDown : base) << arch;
+    o.fine_acts = kActQkv;
+    auto e = Model::Load(path, o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    EXPECT_EQ((*e)->fine_acts(), kActQkv) << arch;
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(FineActs, TopLogitsAreRecomputedExactly) {
   TinySpec s;
   s.arch = "llama";
