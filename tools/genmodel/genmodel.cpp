@@ -2,12 +2,13 @@
 // shapes and a real tokenizer, for proving an architecture's forward pass against llama.cpp
 // (tests/e2e/test_model_families.py, docs/models.md) where the registries hold no weights.
 //
-//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2 --vocab-from FILE.gguf --out PATH
+//   mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2|gpt-oss --vocab-from FILE.gguf --out PATH
 //                    [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F]
 //                    [--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear]
 //                    [--tied] [--experts E --experts-used K --expert-ff F]
 //                    [--logit-sd S] [--sliding-window W] [--attn-softcap C] [--final-softcap C]
 //                    [--post-norm-mean M]   (the last four: gemma2)
+//                    [--yarn-factor F --yarn-orig-ctx N] [--expert-type f16|mxfp4]   (gpt-oss)
 //
 // The tokenizer (every tokenizer.* key, the chat template included) is copied from
 // --vocab-from as llama.cpp's converter writes it. Weights: matrices N(0, 1/cols) so each
@@ -17,21 +18,30 @@
 // (Llama 3.x rope scaling): llama31 is Llama 3.1's profile (factor 1 for high frequencies, 8 for
 // low ones, smooth in between), which changes nothing measurable over a short prompt; linear
 // runs from 1 (pair 0) to 8 (the last pair), so every pair's factor shows within a few tokens.
+// gpt-oss: as the released files, untied, q/k/v and output biases, attention sinks N(0, 4), the
+// FFN's norm stored as post_attention_norm, YaRN rope scaling (--yarn-factor over --yarn-orig-ctx
+// positions: 32 and 4096 by default), sliding-window layers (--sliding-window) alternating with
+// global ones from layer 0, router and expert biases, experts in MXFP4 (--expert-type) whose gate
+// and up weights are N(0, 9/d) so the clamped SwiGLU's limits (7) bind on some inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/half.h"
+#include "kernels/kquant.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 
 namespace {
+
+constexpr uint32_t kGgmlTypeMxfp4 = 39;  // ggml_type GGML_TYPE_MXFP4
 
 struct Args {
   std::string arch = "qwen3", vocab_from, out, type = "f16";
@@ -45,15 +55,17 @@ struct Args {
   int64_t post_norm_mean = 1;                      // gemma2's post-norm weights: N(mean, 0.1)
   int64_t sliding_window = 4096;                   // gemma2
   int64_t attn_softcap = 50, final_softcap = 30;  // gemma2 (the released models' values)
+  int64_t yarn_factor = 32, yarn_orig_ctx = 4096;  // gpt-oss
+  std::string expert_type = "mxfp4";               // gpt-oss
 };
 
 [[noreturn]] void Usage(const char* msg) {
   std::fprintf(stderr,
-               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2 --vocab-from "
+               "mererun_genmodel: %s\nusage: mererun_genmodel --arch qwen3|qwen3moe|qwen2|llama|smollm3|phi3|gemma2|gpt-oss --vocab-from "
                "FILE.gguf --out PATH [--layers N] [--d D] [--heads H] [--kv-heads K] [--head-dim HD] [--ff F] "
                "[--type f16|f32] [--seed S] [--rope-base B] [--rope-freqs llama31|linear] [--tied] [--experts E "
                "--experts-used K --expert-ff F] [--logit-sd S] [--sliding-window W] [--attn-softcap C] [--final-softcap C] "
-               "[--post-norm-mean M]\n",
+               "[--post-norm-mean M] [--yarn-factor F --yarn-orig-ctx N] [--expert-type f16|mxfp4]\n",
                msg);
   std::exit(2);
 }
@@ -100,12 +112,16 @@ Args Parse(int argc, char** argv) {
     else if (k == "--post-norm-mean") a.post_norm_mean = num();
     else if (k == "--attn-softcap") a.attn_softcap = num();
     else if (k == "--final-softcap") a.final_softcap = num();
+    else if (k == "--yarn-factor") a.yarn_factor = num();
+    else if (k == "--yarn-orig-ctx") a.yarn_orig_ctx = num();
+    else if (k == "--expert-type") a.expert_type = val();
     else Usage(("unknown option " + k).c_str());
   }
   if (a.vocab_from.empty() || a.out.empty()) Usage("--vocab-from and --out are required");
-  constexpr const char* kArchs[] = {"qwen3", "qwen3moe", "qwen2", "llama", "smollm3", "phi3", "gemma2"};
+  constexpr const char* kArchs[] = {"qwen3", "qwen3moe", "qwen2", "llama", "smollm3", "phi3", "gemma2", "gpt-oss"};
   if (std::find(std::begin(kArchs), std::end(kArchs), a.arch) == std::end(kArchs))
-    Usage("--arch must be qwen3, qwen3moe, qwen2, llama, smollm3, phi3 or gemma2");
+    Usage("--arch must be qwen3, qwen3moe, qwen2, llama, smollm3, phi3, gemma2 or gpt-oss");
+  if (a.expert_type != "f16" && a.expert_type != "mxfp4") Usage("--expert-type must be f16 or mxfp4");
   if (a.experts_used > a.experts) Usage("--experts-used must be at most --experts");
   if (a.type != "f16" && a.type != "f32") Usage("--type must be f16 or f32");
   if (a.heads % a.kv_heads != 0) Usage("--heads must be a multiple of --kv-heads");
@@ -147,7 +163,14 @@ int main(int argc, char** argv) {
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(a.head_dim));
   w.SetF32(p + "rope.freq_base", static_cast<float>(a.rope_base));
   w.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
-  const bool moe = a.arch == "qwen3moe", phi3 = a.arch == "phi3", gemma2 = a.arch == "gemma2";
+  const bool oss = a.arch == "gpt-oss";
+  const bool moe = a.arch == "qwen3moe" || oss, phi3 = a.arch == "phi3", gemma2 = a.arch == "gemma2";
+  if (oss) {
+    w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(a.sliding_window));
+    w.SetString(p + "rope.scaling.type", "yarn");
+    w.SetF32(p + "rope.scaling.factor", static_cast<float>(a.yarn_factor));
+    w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(a.yarn_orig_ctx));
+  }
   if (gemma2) {
     w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(a.sliding_window));
     w.SetF32(p + "attn_logit_softcapping", static_cast<float>(a.attn_softcap));
@@ -187,6 +210,20 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   };
+  // MXFP4 (gpt-oss's expert format): blocks of 32 rows-major inputs quantized as ggml's converter does.
+  using AddFn = std::function<void(const std::string&, std::vector<int64_t>, const std::vector<float>&, bool)>;
+  const AddFn add_mxfp4 = [&](const std::string& name, std::vector<int64_t> dims, const std::vector<float>& v, bool) {
+        const int64_t nb = static_cast<int64_t>(v.size()) / KSuperInputs(KFormat::kMXFP4);
+        std::vector<uint8_t> bytes(static_cast<size_t>(nb * KSuperBytes(KFormat::kMXFP4)));
+        if (!QuantizeKBlocks(KFormat::kMXFP4, v.data(), bytes.data(), nb)) {
+          std::fprintf(stderr, "mererun_genmodel: MXFP4 quantization failed for %s\n", name.c_str());
+          std::exit(1);
+        }
+        if (Status st = w.AddTensor(name, kGgmlTypeMxfp4, std::move(dims), std::move(bytes)); !st.ok()) {
+          std::fprintf(stderr, "mererun_genmodel: %s\n", st.message().c_str());
+          std::exit(1);
+        }
+      };
   auto normal = [&](int64_t n, double mean, double sd) {
     std::normal_distribution<float> dist(static_cast<float>(mean), static_cast<float>(sd));
     std::vector<float> v(static_cast<size_t>(n));
@@ -236,12 +273,16 @@ int main(int argc, char** argv) {
       mat(b + "attn_v.weight", kv_dim, d, 1.0 / std::sqrt(static_cast<double>(d)));
     }
     mat(b + "attn_output.weight", d, q_dim, 1.0 / std::sqrt(static_cast<double>(q_dim)));
-    if (a.arch == "qwen2") {
+    if (oss) {
+      vec(b + "attn_output.bias", d, 0.0, 0.1);
+      vec(b + "attn_sinks.weight", a.heads, 0.0, 2.0);
+    }
+    if (a.arch == "qwen2" || oss) {
       vec(b + "attn_q.bias", q_dim, 0.0, 0.1);
       vec(b + "attn_k.bias", kv_dim, 0.0, 0.1);
       vec(b + "attn_v.bias", kv_dim, 0.0, 0.1);
     }
-    if (a.arch == "qwen3" || moe) {
+    if (a.arch == "qwen3" || a.arch == "qwen3moe") {
       vec(b + "attn_q_norm.weight", hd, 1.0, 0.1);
       vec(b + "attn_k_norm.weight", hd, 1.0, 0.1);
     }
@@ -249,13 +290,26 @@ int main(int argc, char** argv) {
       vec(b + "post_attention_norm.weight", d, static_cast<double>(a.post_norm_mean), 0.1);
       vec(b + "post_ffw_norm.weight", d, static_cast<double>(a.post_norm_mean), 0.1);
     }
-    vec(b + "ffn_norm.weight", d, 1.0, 0.1);
+    vec(b + (oss ? "post_attention_norm.weight" : "ffn_norm.weight"), d, 1.0, 0.1);
     if (moe) {  // router N(0, 36/d): logits of standard deviation ~6, so the top-k is rarely a near-tie
       add(b + "ffn_gate_inp.weight", {d, a.experts}, normal(a.experts * d, 0.0, 6.0 / std::sqrt(double(d))), false);
       const int64_t e = a.experts, f = a.expert_ff;
-      add(b + "ffn_gate_exps.weight", {d, f, e}, normal(e * f * d, 0.0, 1.0 / std::sqrt(double(d))), true);
-      add(b + "ffn_up_exps.weight", {d, f, e}, normal(e * f * d, 0.0, 1.0 / std::sqrt(double(d))), true);
-      add(b + "ffn_down_exps.weight", {f, d, e}, normal(e * f * d, 0.0, 1.0 / std::sqrt(double(f))), true);
+      // gpt-oss: gate and up inputs of sd ~3, so the activation's clamp at 7 binds on ~2 % of them,
+      // and down weights 1/4 of the usual so the experts' outputs (up to 7 * 8 per unit) stay near
+      // the residual's scale: larger ones turn the rare near-tie of the 4th and 5th experts, which
+      // the two sides' rounding may order either way, into large jumps of the logits.
+      const double in_sd = (oss ? 3.0 : 1.0) / std::sqrt(double(d));
+      const double down_sd = (oss ? 0.25 : 1.0) / std::sqrt(double(f));
+      const AddFn experts = oss && a.expert_type == "mxfp4" ? add_mxfp4 : AddFn(add);
+      experts(b + "ffn_gate_exps.weight", {d, f, e}, normal(e * f * d, 0.0, in_sd), true);
+      experts(b + "ffn_up_exps.weight", {d, f, e}, normal(e * f * d, 0.0, in_sd), true);
+      experts(b + "ffn_down_exps.weight", {f, d, e}, normal(e * f * d, 0.0, down_sd), true);
+      if (oss) {
+        add(b + "ffn_gate_inp.bias", {e}, normal(e, 0.0, 1.0), false);
+        add(b + "ffn_gate_exps.bias", {f, e}, normal(e * f, 0.0, 0.1), false);
+        add(b + "ffn_up_exps.bias", {f, e}, normal(e * f, 0.0, 0.1), false);
+        add(b + "ffn_down_exps.bias", {d, e}, normal(e * d, 0.0, 0.1), false);
+      }
       continue;
     }
     if (phi3) {  // gate rows, then up rows, in ffn_up
