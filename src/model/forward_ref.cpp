@@ -44,8 +44,8 @@ class RefOps final : public ForwardOps {
   void Attention(int64_t layer, bool swa, const float* sinks, const ForwardRows& rows, int64_t n, const float* q,
                  float* out) override {
     const int64_t hd = c_.head_dim, group = c_.n_head / c_.n_head_kv, q_dim = c_.n_head * hd;
-    int64_t n_ctx = 0;
-    for (int64_t t = 0; t < n; ++t) n_ctx = std::max(n_ctx, rows.kv[t]->n_ctx);
+    int64_t n_ctx = 0;  // scores: up to n_ctx positions and a sink
+    for (int64_t t = 0; t < n; ++t) n_ctx = std::max(n_ctx, rows.kv[t]->n_ctx + 1);
     if (att_.size() < static_cast<size_t>(pool_.size() * (n_ctx + hd)))
       att_.resize(static_cast<size_t>(pool_.size() * (n_ctx + hd)));
     pool_.ParallelFor(n * c_.n_head, [&](int64_t b, int64_t e, int th) {
@@ -66,19 +66,10 @@ class RefOps final : public ForwardOps {
           s *= c_.attn_scale;
           scores[j - lo] = c_.attn_softcap > 0 ? c_.attn_softcap * std::tanh(s / c_.attn_softcap) : s;
         }
-        if (sinks != nullptr) {  // the sink joins the denominator as a position of value zero
-          float mx = sinks[h];
-          for (int64_t j = 0; j <= p - lo; ++j) mx = std::fmax(mx, scores[j]);
-          double sum = std::exp(sinks[h] - mx);
-          for (int64_t j = 0; j <= p - lo; ++j) {
-            scores[j] = std::exp(scores[j] - mx);
-            sum += scores[j];
-          }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int64_t j = 0; j <= p - lo; ++j) scores[j] *= inv;
-        } else {
-          ref::Softmax(scores, p - lo + 1);
-        }
+        // A sink joins the softmax as one more score, of a position whose value is zero.
+        const int64_t n_scores = p - lo + 1;
+        if (sinks != nullptr) scores[n_scores] = sinks[h];
+        ref::Softmax(scores, n_scores + (sinks != nullptr ? 1 : 0));
         std::fill(acc, acc + hd, 0.0f);
         for (int64_t j = lo; j <= p; ++j) {
           const uint16_t* vr = V + j * kv.kv_dim + kh * hd;
@@ -123,7 +114,7 @@ class RefOps final : public ForwardOps {
   const ModelConfig& c_;
   ThreadPool& pool_;
   const std::unordered_map<const WeightMatrix*, const gguf::TensorInfo*>& source_;
-  std::vector<float> att_;   // (threads, n_ctx + head_dim) scores and an output accumulator
+  std::vector<float> att_;   // (threads, n_ctx + 1 + head_dim) scores (and a sink) and an output accumulator
   std::vector<float> rows_;  // (threads, cols) dequantized weight rows
   std::vector<float> up_;    // (n, d_ff) the up projection
 };
