@@ -285,3 +285,32 @@ def test_parity_fast_path_on_a_q8_0_file(tmp_path, mererun_bin):
     r, _, summary = _run_parity(q8, mererun_bin, tmp_path / "parity")
     assert r["top1_agreement"] >= 0.92, summary
     assert r["mean_kl"] <= 0.02, summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,limit", [(SMALLEST, 8), ("gemma3-270m", 3)])
+def test_native_reference_matches_the_node_reference(model, limit, tmp_path):
+    """scripts/parity.py takes llama.cpp's distributions from tools/llamacpp/build/logits_ref
+    (built by scripts/setup.sh against node-llama-cpp's own libllama) instead of logits_ref.mjs,
+    which hands each position's whole distribution to JavaScript (~80 ms a position on a 150k
+    vocabulary). It must be the same oracle: on the same prompts both write byte-identical
+    tokens.json and ref.bin (the tokenization with and without a BOS, the sort, the float32
+    softmax and the top-K reduction). SmolLM2 adds no BOS, Gemma 3 does (and has a 262k vocabulary)."""
+    _prerequisites()
+    native = parity.LOGITS_REF_NATIVE
+    if not native.is_file():
+        pytest.fail(f"{native} is not built: run tools/llamacpp/build_logits_ref.sh (scripts/setup.sh does)")
+    _, model_path = parity.resolve_model(model)
+    outs = {}
+    for name, cmd in (("native", [str(native)]),
+                      ("node", [os.environ.get("NODE", "node"), str(parity.LOGITS_REF)])):
+        out = tmp_path / name
+        r = subprocess.run([*cmd, str(model_path), str(PROMPTS), str(out), "--limit", str(limit), "--threads", "2"],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[name] = out
+    meta = {k: json.loads((outs[k] / "meta.json").read_text()) for k in outs}
+    assert meta["native"]["n_positions"] == meta["node"]["n_positions"] > 10 * limit
+    assert meta["native"]["add_bos"] == meta["node"]["add_bos"] == (model != SMALLEST)
+    for f in ("tokens.json", "ref.bin"):
+        assert (outs["native"] / f).read_bytes() == (outs["node"] / f).read_bytes(), f
