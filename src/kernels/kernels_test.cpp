@@ -1,6 +1,7 @@
 // Every kernel variant against the scalar reference, on odd and edge sizes.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -84,6 +85,23 @@ TEST(Q8, PackingIsAPermutationThatUnpackRestores) {
       DequantizeQ8Row(m, rows - 1, a.data());
       DequantizeQ8Row(p, rows - 1, b.data());
       EXPECT_EQ(a, b);
+    }
+  }
+}
+
+// The reference path's matmul computes four outputs per Dot8x4 call: each must be Dot8's result
+// bit for bit (same products, same partial sums, same order), at every length, tails included.
+TEST(Ref, Dot8x4IsFourDot8sBitForBit) {
+  for (int64_t n : {1, 7, 8, 9, 31, 64, 895, 2053}) {
+    const auto b = RandomVec(static_cast<size_t>(n), 7, 3.0f);
+    std::vector<std::vector<float>> a;
+    for (uint32_t k = 0; k < 4; ++k) a.push_back(RandomVec(static_cast<size_t>(n), 11 + k, 0.5f + k));
+    const float* const rows[4] = {a[0].data(), a[1].data(), a[2].data(), a[3].data()};
+    float out[4];
+    ref::Dot8x4(rows, b.data(), n, out);
+    for (int k = 0; k < 4; ++k) {
+      const float want = ref::Dot8(rows[k], b.data(), n);
+      EXPECT_EQ(std::bit_cast<uint32_t>(out[k]), std::bit_cast<uint32_t>(want)) << "n " << n << " row " << k;
     }
   }
 }

@@ -42,6 +42,9 @@ void QuantizeActs(const float* x, int64_t n_rows, int64_t cols, int8_t* q, float
 // sum_i a[i] * b[i] in FP32, in 8 interleaved partial sums added pairwise (the reference path's
 // matmul order, which the fast path's exact logits reuse).
 float Dot8(const float* a, const float* b, int64_t n);
+// Dot8 of four vectors a[0..3] with the same b: out[k] == Dot8(a[k], b, n) bit for bit (each
+// output's products and sums in Dot8's order), with four times the independent work per step.
+void Dot8x4(const float* const a[4], const float* b, int64_t n, float out[4]);
 
 // out = x / rms(x) * w over n elements (out may alias x).
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
