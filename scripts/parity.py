@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import concurrent.futures
 import hashlib
 import heapq
 import json
@@ -288,10 +289,43 @@ class Summary:
         }
 
 
+def _ref_record_offsets(fr, n_positions: list[int]) -> tuple[list[int], int]:
+    """The byte offset of each prompt's first record in an open ref.bin (positioned at its first
+    record), and the offset after the last record counted."""
+    offsets = []
+    pos = fr.tell()
+    for n_pos in n_positions:
+        offsets.append(pos)
+        for _ in range(n_pos):
+            fr.seek(pos)
+            head = fr.read(12)
+            if len(head) != 12:
+                raise ParityError(f"{fr.name}: truncated record")
+            (k,) = struct.unpack("<I", head[:4])
+            pos += 12 + 8 * k
+    return offsets, pos
+
+
+def _compare_prompt(job) -> list[tuple[float, bool, bool, float]]:
+    """One prompt's positions (a worker process's unit): (kl, top1, finite, ref tail) each."""
+    ref_bin, ref_off, ours_bin, ours_off, n_vocab, n_pos = job
+    out = []
+    with open(ref_bin, "rb") as fr, open(ours_bin, "rb") as fo:
+        fr.seek(ref_off)
+        fo.seek(ours_off)
+        for _ in range(n_pos):
+            ref = read_ref_record(fr)
+            res = compare_position(ref, read_logits_row(fo, n_vocab))
+            out.append((res.kl, res.top1, res.finite, ref.tail))
+    return out
+
+
 def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[str],
-                  max_prompts: int = 0) -> dict:
+                  max_prompts: int = 0, workers: int = 0) -> dict:
     """Compares the two files position by position; max_prompts > 0 uses only the first
-    max_prompts prompts of ref_bin (a reference computed for more prompts than mererun's run)."""
+    max_prompts prompts of ref_bin (a reference computed for more prompts than mererun's run).
+    The prompts are compared in `workers` processes (0: up to the CPU count, at most 4); the
+    results are summed in position order, so the report does not depend on the worker count."""
     s = Summary(model)
     with open(ref_bin, "rb") as fr, open(ours_bin, "rb") as fo:
         v_ref, n_ref = read_header(fr, b"LCRF")
@@ -305,31 +339,47 @@ def compare_files(model: str, ref_bin: Path, ours_bin: Path, prompt_ids: list[st
             raise ParityError(f"prompt/position counts differ: llama.cpp {len(n_ref)} prompts "
                               f"{sum(n_ref)} positions, mererun {len(n_ours)} prompts "
                               f"{sum(n_ours)} positions")
-        for pi, n_pos in enumerate(n_ref):
-            pid = prompt_ids[pi] if pi < len(prompt_ids) else f"#{pi}"
-            p_top1 = 0
-            p_kl = 0.0
-            for pos in range(n_pos):
-                ref = read_ref_record(fr)
-                res = compare_position(ref, read_logits_row(fo, v_ours))
-                s.n_positions += 1
-                s.tail_sum += ref.tail
-                s.kls.append(res.kl)
-                if not res.finite:
-                    s.n_nonfinite += 1
-                if res.top1:
-                    s.n_top1 += 1
-                    p_top1 += 1
-                s.kl_sum += res.kl
-                p_kl += res.kl
-                if res.kl > s.kl_max or not s.kl_max_at:
-                    s.kl_max, s.kl_max_at = res.kl, f"{pid}@{pos}"
-            s.n_prompts += 1
-            s.per_prompt.append({"id": pid, "n_positions": n_pos,
-                                 "top1_agreement": p_top1 / max(1, n_pos),
-                                 "mean_kl": p_kl / max(1, n_pos)})
-        if (not ref_is_longer and fr.read(1)) or fo.read(1):
+        ref_offsets, ref_end = _ref_record_offsets(fr, n_ref)
+        ours_start = fo.tell()
+        row_bytes = 4 * v_ours
+        ours_end = ours_start + row_bytes * sum(n_ours)
+        if (not ref_is_longer and os.fstat(fr.fileno()).st_size > ref_end) or \
+                os.fstat(fo.fileno()).st_size > ours_end:
             raise ParityError("trailing data after the last position (file/count mismatch)")
+        if os.fstat(fo.fileno()).st_size < ours_end:
+            raise ParityError(f"{fo.name}: truncated logits")
+    jobs = []
+    ours_off = ours_start
+    for pi, n_pos in enumerate(n_ref):
+        jobs.append((str(ref_bin), ref_offsets[pi], str(ours_bin), ours_off, v_ours, n_pos))
+        ours_off += row_bytes * n_pos
+    n_workers = workers or min(4, os.cpu_count() or 1)
+    if n_workers > 1 and len(jobs) > 1:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=n_workers) as pool:
+            per_prompt = list(pool.map(_compare_prompt, jobs))
+    else:
+        per_prompt = [_compare_prompt(j) for j in jobs]
+    for pi, (n_pos, results) in enumerate(zip(n_ref, per_prompt)):
+        pid = prompt_ids[pi] if pi < len(prompt_ids) else f"#{pi}"
+        p_top1 = 0
+        p_kl = 0.0
+        for pos, (kl, top1, finite, tail) in enumerate(results):
+            s.n_positions += 1
+            s.tail_sum += tail
+            s.kls.append(kl)
+            if not finite:
+                s.n_nonfinite += 1
+            if top1:
+                s.n_top1 += 1
+                p_top1 += 1
+            s.kl_sum += kl
+            p_kl += kl
+            if kl > s.kl_max or not s.kl_max_at:
+                s.kl_max, s.kl_max_at = kl, f"{pid}@{pos}"
+        s.n_prompts += 1
+        s.per_prompt.append({"id": pid, "n_positions": n_pos,
+                             "top1_agreement": p_top1 / max(1, n_pos),
+                             "mean_kl": p_kl / max(1, n_pos)})
     return s.to_json()
 
 
