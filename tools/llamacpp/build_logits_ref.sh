@@ -4,7 +4,8 @@
 # the package's llama/gitRelease.bundle). scripts/setup.sh runs it after `npm ci`; it does nothing
 # when the binary is newer than its inputs. Needs g++ and nlohmann-json (installed by setup.sh).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")"
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+cd "$(dirname "$self")"
 nlc=node_modules/node-llama-cpp
 bins=$(ls -d node_modules/@node-llama-cpp/linux-x64/bins/linux-x64 2>/dev/null || true)
 if [ ! -f "$nlc/package.json" ] || [ -z "$bins" ] || [ ! -f "$bins/libllama.v0.4.0.so" ]; then
@@ -12,7 +13,7 @@ if [ ! -f "$nlc/package.json" ] || [ -z "$bins" ] || [ ! -f "$bins/libllama.v0.4
   exit 1
 fi
 out=build/logits_ref
-if [ -x "$out" ] && [ "$out" -nt logits_ref.cpp ] && [ "$out" -nt "$nlc/package.json" ] && [ "$out" -nt "$0" ]; then
+if [ -x "$out" ] && [ "$out" -nt logits_ref.cpp ] && [ "$out" -nt "$nlc/package.json" ] && [ "$out" -nt "$self" ]; then
   exit 0
 fi
 mkdir -p build
