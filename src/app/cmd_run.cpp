@@ -1,13 +1,20 @@
-// `mererun run -m MODEL -p TEXT [-n N] [-c CTX] [--raw]`: greedy completion and its speed.
+// `mererun run -m MODEL -p TEXT [-n N] [-c CTX] [--raw]`: greedy completion and its speed (gpt-oss:
+// the final channel on stdout, the analysis channel on stderr, no harmony markers).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/model_opts.h"
 #include "model/chat_format.h"
+#include "server/chat_session.h"
+#include "server/output_parser.h"
 
 namespace mr::app {
 
@@ -55,13 +62,37 @@ int CmdRun(const Args& args) {
     return 1;
   }
   const auto t1 = Clock::now();
+  // gpt-oss answers in harmony channels: the final channel's text goes to stdout, the analysis
+  // (reasoning) to stderr, and the markers to neither (the server's output parser, fed whole
+  // UTF-8 characters). Every other family prints the generated text as it is.
+  std::optional<server::OutputParser> harmony;
+  if (family == ChatFamily::kHarmony) {
+    server::OutputParser::Options o;
+    o.harmony = true;
+    harmony.emplace(std::move(o));
+  }
+  std::string pending;  // bytes of an unfinished UTF-8 character (harmony)
+  std::vector<server::ParsedEvent> events;
+  const auto print = [&](std::string_view piece, bool finish) {
+    if (!harmony) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    } else {
+      pending += piece;
+      const size_t n = finish ? pending.size() : server::CompleteUtf8Prefix(pending);
+      events.clear();
+      harmony->Feed(std::string_view(pending).substr(0, n), &events);
+      if (finish) harmony->Finish(&events);
+      pending.erase(0, n);
+      for (const server::ParsedEvent& e : events)  // no tools are declared: no calls, only text
+        std::fwrite(e.text.data(), 1, e.text.size(), e.kind == server::ParsedEvent::Kind::kReasoning ? stderr : stdout);
+    }
+    std::fflush(stdout);
+  };
   int generated = 0;
   for (; generated < n_predict; ++generated) {
     const TokenId next = static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     if (tok.IsEndOfGeneration(next)) break;
-    const std::string piece = tok.TokenToPiece(next, false);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+    print(tok.TokenToPiece(next, false), false);
     if (generated + 1 == n_predict) {
       ++generated;
       break;
@@ -72,6 +103,7 @@ int CmdRun(const Args& args) {
       return 1;
     }
   }
+  print("", true);
   const auto t2 = Clock::now();
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
