@@ -83,10 +83,11 @@ class RefOps final : public ForwardOps {
 
   // Each weight row is dequantized from the tensor's stored type and dotted with the FP32
   // activations in FP32, in 8 interleaved partial sums (so the compiler vectorizes the loop)
-  // added pairwise at the end. kBlockRows weight rows at a time against each activation row, so
-  // an activation row is read once per block rather than once per weight row (a prompt's
-  // activations, 512 x 2048 floats, do not stay in L2), four rows per call (Dot8x4: Dot8's result
-  // for each, with four times the independent additions in flight).
+  // added pairwise at the end. kBlockRows weight rows are dequantized at a time so that each
+  // activation row meets them four per call (Dot8x4: Dot8's result for each, with four times the
+  // independent additions in flight; Dot8 alone is latency-bound on its two accumulator chains).
+  // The blocking alone measured no faster; the four-wide calls took a 1,850-position --ref pass
+  // of the generated SmolLM3 file from 93.5 s to 65.6 s.
   void Matmul(const WeightMatrix& w, const float* x, int64_t n, float* y) override {
     constexpr int64_t kBlockRows = 16;
     const gguf::TensorInfo& t = *source_.at(&w);
