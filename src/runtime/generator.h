@@ -50,6 +50,8 @@ class Generator {
   // Tokens whose KV is in the cache (prompt + generated of the last request).
   const std::vector<TokenId>& cached_tokens() const { return seq_.cached_tokens(); }
   void ResetCache() { seq_.ResetCache(); }
+  // During on_token, with params.logprobs >= 0: the token's log-probability (Sequence's).
+  const TokenLogprob* token_logprob() const { return seq_.token_logprob(); }
 
  private:
   Sequence seq_;

@@ -17,11 +17,34 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/tokenizer.h"
 
 namespace mr {
+
+// OpenAI-style adjustments of the model's logits, applied before everything else (then a grammar
+// constraint's mask, then SamplingParams' transforms):
+//   logit[t] += bias(t) - frequency_penalty * count(t) - presence_penalty * (count(t) > 0)
+// where count(t) is how often t occurs among the tokens generated so far (the prompt does not
+// count: vLLM's and OpenAI's reading of "the text so far").
+struct LogitAdjust {
+  std::vector<std::pair<TokenId, float>> bias;  // ids within the vocabulary (the API layer checks)
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  bool active() const { return !bias.empty() || frequency_penalty != 0.0f || presence_penalty != 0.0f; }
+};
+
+// One generated token's log-probability under the model: the log-softmax of the raw logits of
+// its row (temperature 1, before any adjustment, mask or truncation), and the `top` most likely
+// tokens of that row by log-probability (descending, ties by id ascending).
+struct TokenLogprob {
+  TokenId id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<TokenId, float>> top;
+};
+void ComputeLogprob(const float* logits, int64_t n_vocab, TokenId id, int top_n, TokenLogprob* out);
 
 struct SamplingParams {
   float temperature = 1.0f;

@@ -84,6 +84,7 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   decode_started_ = false;
   have_pending_ = false;
   last_emitted_ = -1;
+  counts_.clear();
   step_ = StepKind::kNone;
   sampler_.set_params(params.sampling);
   rng_ = Rng(params.seeded ? params.seed : Rng::RandomSeed());
@@ -171,16 +172,33 @@ Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
   return r;
 }
 
-const float* Sequence::Constrained(const float* logits, const TokenConstraint* c) {
-  if (c == nullptr || !c->active()) return logits;
+const float* Sequence::Adjusted(const float* logits, const TokenConstraint* c, std::span<const TokenId> drafts) {
+  const LogitAdjust& a = params_.adjust;
+  const bool constrained = c != nullptr && c->active();
+  if (!constrained && !a.active()) return logits;
   const int64_t n_vocab = model_.config().n_vocab;
   masked_.assign(logits, logits + n_vocab);
-  c->Apply(masked_.data(), &mask_);
+  if (a.active()) {
+    float* l = masked_.data();
+    for (const auto& [t, b] : a.bias) l[t] += b;
+    if (a.frequency_penalty != 0.0f || a.presence_penalty != 0.0f) {
+      for (const auto& [t, n] : counts_) l[t] -= a.frequency_penalty * static_cast<float>(n) + a.presence_penalty;
+      // Each draft adds one occurrence: the presence penalty only where it is the first.
+      for (size_t j = 0; j < drafts.size(); ++j) {
+        const TokenId t = drafts[j];
+        const bool seen = counts_.count(t) > 0 || std::find(drafts.begin(), drafts.begin() + static_cast<ptrdiff_t>(j),
+                                                            t) != drafts.begin() + static_cast<ptrdiff_t>(j);
+        l[t] -= a.frequency_penalty + (seen ? 0.0f : a.presence_penalty);
+      }
+    }
+  }
+  if (constrained) c->Apply(masked_.data(), &mask_);
   return masked_.data();
 }
 
-void Sequence::Emit(int64_t kv_before_run, const TokenFn& on_token) {
+void Sequence::Emit(int64_t kv_before_run, const float* logits, int64_t row_stride, const TokenFn& on_token) {
   const Tokenizer& tok = model_.tokenizer();
+  const int64_t n_vocab = model_.config().n_vocab;
   for (size_t j = 0; j < run_.size(); ++j) {
     const TokenId t = run_[j];
     bool stop = false;
@@ -193,6 +211,9 @@ void Sequence::Emit(int64_t kv_before_run, const TokenFn& on_token) {
       ++stats_.generated;
       last_emitted_ = t;
       if (params_.constraint) params_.constraint->Accept(t);
+      if (params_.adjust.frequency_penalty != 0.0f || params_.adjust.presence_penalty != 0.0f) ++counts_[t];
+      if (params_.logprobs >= 0)
+        ComputeLogprob(logits + static_cast<int64_t>(j) * row_stride, n_vocab, t, params_.logprobs, &logprob_);
       if (!on_token(t)) {
         cause = StopCause::kCallback;
         stop = true;
@@ -238,8 +259,8 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
         Finish(StopCause::kMaxTokens);
         return Status::Ok();
       }
-      run_.push_back(sampler_.Sample(Constrained(logits, params_.constraint.get()), n_vocab, rng_));
-      Emit(kv_.n_past, on_token);
+      run_.push_back(sampler_.Sample(Adjusted(logits, params_.constraint.get()), n_vocab, rng_));
+      Emit(kv_.n_past, logits, 0, on_token);
       return Status::Ok();
     }
     case StepKind::kPlain: {
@@ -247,8 +268,8 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       ++stats_.plain_steps;
       tokens_.push_back(pending_);
       const int64_t kv_before_run = kv_.n_past;
-      run_.push_back(sampler_.Sample(Constrained(logits, params_.constraint.get()), n_vocab, rng_));
-      Emit(kv_before_run, on_token);
+      run_.push_back(sampler_.Sample(Adjusted(logits, params_.constraint.get()), n_vocab, rng_));
+      Emit(kv_before_run, logits, 0, on_token);
       return Status::Ok();
     }
     case StepKind::kVerify: {
@@ -269,7 +290,9 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
           }
           c = &row_constraints_[static_cast<size_t>(i)];
         }
-        sampler_.Distribution(Constrained(logits + static_cast<int64_t>(i) * n_vocab, c), n_vocab, &p_[i]);
+        sampler_.Distribution(Adjusted(logits + static_cast<int64_t>(i) * n_vocab, c,
+                                       std::span<const TokenId>(rows_.data() + 1, static_cast<size_t>(i))),
+                              n_vocab, &p_[i]);
         return p_[i];
       };
       const bool sampled_q = draft_.sampled && !params_.sampling.greedy();
@@ -291,7 +314,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
       tokens_.insert(tokens_.end(), rows_.begin(), rows_.begin() + 1 + v.accepted);
       run_.assign(rows_.begin() + 1, rows_.begin() + 1 + v.accepted);
       run_.push_back(v.next);
-      Emit(base + 1, on_token);
+      Emit(base + 1, logits, n_vocab, on_token);
       return Status::Ok();
     }
   }

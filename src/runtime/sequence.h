@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
@@ -61,6 +62,12 @@ struct GenerateParams {
   // Grammar-constrained decoding (constraint.h): every sampled and verified row is masked with
   // the constraint's state at that row. The constraint is this request's (its state advances).
   std::shared_ptr<TokenConstraint> constraint;
+  // Logit bias and repetition penalties (sampler.h), applied to every sampled and verified row
+  // (a verify row counts the drafts before it as generated).
+  LogitAdjust adjust;
+  // >= 0: each emitted token's log-probability and this many alternatives (TokenLogprob),
+  // readable through Sequence::token_logprob() while on_token runs.
+  int logprobs = -1;
 };
 
 enum class StopCause {
@@ -142,6 +149,8 @@ class Sequence {
     tokens_.clear();
     kv_.n_past = 0;
   }
+  // During on_token, with params.logprobs >= 0: the emitted token's log-probability (else null).
+  const TokenLogprob* token_logprob() const { return params_.logprobs >= 0 ? &logprob_ : nullptr; }
   // Frees the KV memory (the cache is then empty).
   void ReleaseCache();
   const CostController& controller() const { return controller_; }
@@ -157,12 +166,14 @@ class Sequence {
  private:
   using Clock = std::chrono::steady_clock;
   void Finish(StopCause cause);
-  // Emits run_; stopping at run_[j] leaves the KV holding the context before run_[j].
-  void Emit(int64_t kv_before_run, const TokenFn& on_token);
+  // Emits run_ (run_[j] drawn from the logits row at logits + j * row_stride); stopping at
+  // run_[j] leaves the KV holding the context before run_[j].
+  void Emit(int64_t kv_before_run, const float* logits, int64_t row_stride, const TokenFn& on_token);
   int64_t budget_left() const { return params_.max_tokens - stats_.generated - stats_.injected; }
-  // The logits of one row with the constraint `c` applied (the input itself when c is null or
-  // inactive; else a masked copy in masked_).
-  const float* Constrained(const float* logits, const TokenConstraint* c);
+  // The logits of one row as sampling sees them: params_.adjust (with `drafts`, the tokens
+  // between the last emitted one and this row, counted as generated) and then the constraint
+  // `c` applied. The input itself when neither applies; else an adjusted copy in masked_.
+  const float* Adjusted(const float* logits, const TokenConstraint* c, std::span<const TokenId> drafts = {});
 
   Model& model_;
   KvCache kv_;
@@ -198,6 +209,10 @@ class Sequence {
   std::vector<float> masked_;
   std::vector<uint8_t> mask_;
   std::vector<TokenConstraint> row_constraints_;
+  // Occurrences of each generated token (LogitAdjust's penalties), and the emitted token's
+  // log-probability (token_logprob).
+  std::unordered_map<TokenId, int> counts_;
+  TokenLogprob logprob_;
 };
 
 }  // namespace mr

@@ -432,6 +432,140 @@ TEST_F(SpecGeneratorTest, SampledSpeculationRunsAndWarmUpCalibrates) {
   EXPECT_LE(st.accepted, st.drafted);
 }
 
+// OpenAI's logit bias and repetition penalties, greedy: a plain loop that applies them by hand
+// to the model's logits (an independent implementation) gives the tokens the Generator emits,
+// without a drafter and with every drafter (a verify row counts the drafts before it).
+std::vector<TokenId> GreedyAdjustedByHand(Model& m, const std::vector<TokenId>& prompt, int n, const LogitAdjust& a) {
+  KvCache kv = m.NewKvCache(512);
+  std::vector<float> logits(m.config().n_vocab);
+  EXPECT_TRUE(m.Forward(kv, prompt.data(), static_cast<int64_t>(prompt.size()), false, logits.data()).ok());
+  std::map<TokenId, int> seen;
+  std::vector<TokenId> out;
+  while (static_cast<int>(out.size()) < n) {
+    std::vector<float> l = logits;
+    for (const auto& [t, b] : a.bias) l[t] += b;
+    for (const auto& [t, c] : seen) l[t] -= a.frequency_penalty * c + (c > 0 ? a.presence_penalty : 0.0f);
+    const TokenId t = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
+    if (m.tokenizer().IsEndOfGeneration(t)) break;
+    out.push_back(t);
+    ++seen[t];
+    EXPECT_TRUE(m.Forward(kv, &t, 1, false, logits.data()).ok());
+  }
+  return out;
+}
+
+TEST_F(SpecGeneratorTest, LogitBiasAndPenaltiesMatchAPlainLoopWithEveryDrafter) {
+  Generator gen(*model_, 512);
+  NgramDrafter ngram;
+  auto self = ModelDrafter::Create(*model_, *model_, 512);
+  ASSERT_TRUE(self.ok());
+  for (const char* text : {kPrompts[0], kPrompts[3]}) {
+    const auto prompt = model_->tokenizer().Encode(text, true, false);
+    gen.ResetCache();
+    const auto plain = Collect(gen, prompt, Greedy(20, nullptr, 0, false));
+    ASSERT_FALSE(plain.empty());
+    LogitAdjust a;
+    a.frequency_penalty = 1.5f;
+    a.presence_penalty = 0.5f;
+    a.bias = {{plain[0], -100.0f}};  // the unadjusted first choice is out
+    const auto want = GreedyAdjustedByHand(*model_, prompt, 20, a);
+    ASSERT_GE(want.size(), 10u) << text;
+    EXPECT_NE(want[0], plain[0]);
+    EXPECT_NE(std::vector<TokenId>(want.begin(), want.begin() + 10),
+              std::vector<TokenId>(plain.begin(), plain.begin() + 10))
+        << "the adjustments change the output";
+    for (Drafter* d : std::initializer_list<Drafter*>{nullptr, &ngram, self.value().get()}) {
+      for (int k : {3, 7}) {
+        if (d == nullptr && k == 7) continue;
+        gen.ResetCache();
+        GenerateParams p = Greedy(20, d, d == nullptr ? 0 : k, false);
+        p.adjust = a;
+        GenerateStats st;
+        EXPECT_EQ(Collect(gen, prompt, p, &st), want) << (d ? d->name() : "plain") << " k=" << k << ": " << text;
+        if (d == self.value().get()) {
+          EXPECT_GT(st.drafted, st.accepted) << "penalties reject the model's own drafts";
+        }
+      }
+    }
+  }
+}
+
+// logprobs: each emitted token's value is the log-softmax of its row, the same as a separate
+// all-rows pass over prompt + output computes (within the fast path's rounding between row
+// counts), whether it came from a plain step or a verify; the alternatives are sorted and
+// include the token when it is the row's most likely one.
+TEST_F(SpecGeneratorTest, LogprobsAreTheRowsLogSoftmaxPlainAndSpeculative) {
+  Generator gen(*model_, 512);
+  NgramDrafter ngram;
+  const auto prompt = model_->tokenizer().Encode(kPrompts[3], true, false);
+  const int64_t n_vocab = model_->config().n_vocab;
+  for (Drafter* d : std::initializer_list<Drafter*>{nullptr, &ngram}) {
+    gen.ResetCache();
+    GenerateParams p = Greedy(16, d, d == nullptr ? 0 : 7, false);
+    p.sampling = {1.0f, 64, 0.95f, 0.0f};
+    p.seeded = true;
+    p.seed = 7;
+    p.logprobs = 5;
+    std::vector<TokenId> out;
+    std::vector<TokenLogprob> lps;
+    GenerateStats st;
+    auto r = gen.Generate(prompt, p, [&](TokenId t) {
+      out.push_back(t);
+      const TokenLogprob* lp = gen.token_logprob();
+      EXPECT_NE(lp, nullptr);
+      if (lp != nullptr) lps.push_back(*lp);
+      return true;
+    });
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(lps.size(), out.size());
+    ASSERT_GE(out.size(), 4u);
+    if (d != nullptr) {
+      EXPECT_GT(r->drafted, 0);
+    }
+    std::vector<TokenId> all = prompt;
+    all.insert(all.end(), out.begin(), out.end() - 1);
+    KvCache kv = model_->NewKvCache(512);
+    std::vector<float> logits(static_cast<size_t>(all.size()) * n_vocab);
+    ASSERT_TRUE(model_->Forward(kv, all.data(), static_cast<int64_t>(all.size()), true, logits.data()).ok());
+    for (size_t j = 0; j < out.size(); ++j) {
+      const float* row = logits.data() + (prompt.size() - 1 + j) * n_vocab;
+      double mx = row[0], z = 0.0;
+      for (int64_t i = 1; i < n_vocab; ++i) mx = std::max<double>(mx, row[i]);
+      for (int64_t i = 0; i < n_vocab; ++i) z += std::exp(row[i] - mx);
+      const double want = row[out[j]] - mx - std::log(z);
+      EXPECT_EQ(lps[j].id, out[j]);
+      EXPECT_NEAR(lps[j].logprob, want, 0.05) << "token " << j << (d ? " (n-gram)" : "");
+      EXPECT_LE(lps[j].logprob, 0.0f);
+      ASSERT_EQ(lps[j].top.size(), 5u);
+      for (size_t i = 1; i < 5; ++i) EXPECT_GE(lps[j].top[i - 1].second, lps[j].top[i].second);
+      EXPECT_GE(lps[j].top[0].second, lps[j].logprob);
+      double mass = 0.0;
+      for (const auto& [t, l] : lps[j].top) mass += std::exp(l);
+      EXPECT_LE(mass, 1.0 + 1e-4);
+    }
+  }
+}
+
+TEST(Logprobs, ComputeLogprobIsTheLogSoftmaxWithSortedAlternatives) {
+  const std::vector<float> l = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, -100.0f};
+  TokenLogprob lp;
+  ComputeLogprob(l.data(), 6, 4, 3, &lp);
+  double z = 0.0;
+  for (float x : l) z += std::exp(static_cast<double>(x));
+  EXPECT_NEAR(lp.logprob, 0.5 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);  // ties by id
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 0);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  ComputeLogprob(l.data(), 6, 5, 0, &lp);
+  EXPECT_TRUE(lp.top.empty());
+  EXPECT_NEAR(lp.logprob, -100.0 - std::log(z), 1e-4);
+  ComputeLogprob(l.data(), 6, 0, 50, &lp);  // more than the vocabulary: all of it
+  EXPECT_EQ(lp.top.size(), 6u);
+  EXPECT_EQ(lp.top.back().first, 5);
+}
+
 TEST(SpecQwen, DraftModelGreedyMatchesPlain) {
   const std::string tpath = FindModelFile("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
   const std::string dpath = FindModelFile("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
