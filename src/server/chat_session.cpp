@@ -318,6 +318,13 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   if (req.top_k) s.top_k = *req.top_k;
   out->params.sampling = s;
   out->params.max_tokens = out->max_tokens;
+  const int64_t n_vocab = sm.model->config().n_vocab;
+  for (const auto& [t, b] : req.adjust.bias)
+    if (t < 0 || t >= n_vocab)
+      return InvalidRequest("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                            std::to_string(n_vocab - 1) + ")");
+  out->params.adjust = req.adjust;
+  out->params.logprobs = req.logprobs;
   if (req.seed) {
     out->params.seed = *req.seed;
     out->params.seeded = true;
@@ -388,6 +395,7 @@ struct Session {
   int client_calls() const { return parser.tool_calls() - server_calls; }
   ConstraintRequest constraint_request;
   std::shared_ptr<const TokenMasker> masker;
+  std::vector<TokenLogprob> logprobs;  // of tokens no event has carried yet
 
   // Tools a search found become callable: the parser accepts them and the grammar (rebuilt with
   // them; the constraint object is shared with the Sequence) allows them.
@@ -436,6 +444,8 @@ struct Session {
       }
       ev.text = std::move(e.text);
       ev.call = std::move(e.call);
+      ev.logprobs = std::move(logprobs);
+      logprobs.clear();
       channel->Push(std::move(ev));
     }
     events.clear();
@@ -492,6 +502,7 @@ struct Session {
       return;
     }
     ev.kind = StreamEvent::Kind::kDone;
+    ev.logprobs = std::move(logprobs);
     ev.input_tokens = r->prompt_tokens;
     ev.output_tokens = r->output_tokens;
     ev.cache_read_tokens = r->cache_read_tokens;
@@ -547,6 +558,8 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   job->params = prepared.params;
   job->cache_breakpoints = std::move(prepared.cache_breakpoints);
   job->on_token = [session](TokenId id) { return session->OnToken(id); };
+  if (job->params.logprobs >= 0)
+    job->on_logprob = [session](const TokenLogprob& lp) { session->logprobs.push_back(lp); };
   job->continuation = [session] { return session->Continuation(); };
   job->on_done = [session](const Result<JobResult>& r) { session->Done(r); };
   job->on_start = [session](const JobResult& r) {

@@ -76,6 +76,8 @@ struct ChatRequest {
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
+  LogitAdjust adjust;           // OpenAI logit_bias, frequency_penalty, presence_penalty (ids checked by PrepareChat)
+  int logprobs = -1;            // OpenAI logprobs (>= 0: on, with this many top_logprobs)
   int64_t thinking_budget = 0;  // > 0: reasoning of at most this many tokens
   // Adaptive thinking: the model decides whether to reason (a section it opens itself at the
   // start of its answer, capped by thinking_budget); no instruction, no opened section.
@@ -167,6 +169,9 @@ struct StreamEvent {
   Kind kind = Kind::kText;
   std::string text;
   ChatToolCall call;
+  // With logprobs requested: the log-probabilities of the tokens generated since the previous
+  // event (kText, kReasoning, kToolCall, kServerTool, or kDone for those no event showed).
+  std::vector<TokenLogprob> logprobs;
   nlohmann::ordered_json server_result;  // kServerTool: the tool_search_tool_result's content
   // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;

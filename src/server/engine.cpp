@@ -471,6 +471,8 @@ bool Engine::Impl::OnToken(Slot& s, TokenId t) {
   }
   s.got_token = true;
   s.last_token = now;
+  if (s.job->on_logprob)
+    if (const TokenLogprob* lp = s.seq.token_logprob()) s.job->on_logprob(*lp);
   return s.job->on_token(t);
 }
 

@@ -73,6 +73,9 @@ struct EngineJob {
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end; may be empty
   // Engine thread: each generated token; false stops this generation.
   std::function<bool(TokenId)> on_token;
+  // Engine thread, right before on_token, when params.logprobs >= 0: that token's
+  // log-probability (runtime/sampler.h). Optional.
+  std::function<void(const TokenLogprob&)> on_logprob;
   // Engine thread, after on_token stopped a generation: tokens to append to the sequence
   // (prompt + generated) before generating on, e.g. "</think>" when a reasoning budget is
   // spent. Empty (or no function): the job ends.

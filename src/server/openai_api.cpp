@@ -1,5 +1,7 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
+#include <charconv>
 #include <ctime>
 
 #include "server/request_fields.h"
@@ -145,9 +147,34 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   }
   if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
     return InvalidRequest("n: only 1 choice per request is supported");
-  bool logprobs = false;
-  if (auto e = OptBool(body, "logprobs", "", &logprobs)) return e;
-  if (logprobs) return InvalidRequest("logprobs: not supported by this server; remove the field");
+  if (auto e = OptBool(body, "logprobs", "", &opts->logprobs)) return e;
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+    const Json& t = body["top_logprobs"];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20)
+      return InvalidRequest("top_logprobs: expected an integer between 0 and 20");
+    if (!opts->logprobs) return InvalidRequest("top_logprobs: requires logprobs: true");
+    req->logprobs = static_cast<int>(t.get<int64_t>());
+  }
+  if (opts->logprobs) {
+    req->logprobs = std::max(req->logprobs, 0);
+    if (sm.model != nullptr) opts->tokenizer = &sm.model->tokenizer();  // parse-only callers have no model
+  }
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const Json& lb = body["logit_bias"];
+    if (!lb.is_object()) return InvalidRequest("logit_bias: expected an object of token id -> bias");
+    if (lb.size() > kLimits.max_logit_bias)
+      return InvalidRequest("logit_bias: at most " + std::to_string(kLimits.max_logit_bias) + " entries");
+    for (const auto& [key, v] : lb.items()) {
+      TokenId id = -1;
+      const char* end = key.data() + key.size();
+      const auto [ptr, ec] = std::from_chars(key.data(), end, id);
+      if (key.empty() || ec != std::errc() || ptr != end || id < 0)
+        return InvalidRequest("logit_bias: key \"" + key + "\" is not a token id");
+      if (!v.is_number() || v.get<double>() < -100 || v.get<double>() > 100)
+        return InvalidRequest("logit_bias[\"" + key + "\"]: expected a number between -100 and 100");
+      req->adjust.bias.emplace_back(id, v.get<float>());
+    }
+  }
   const Json* response_format = nullptr;
   if (auto e = OptObject(body, "response_format", "", &response_format)) return e;
   std::string format_type = "text";
@@ -177,9 +204,10 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   if (reasoning_effort == "low" || reasoning_effort == "medium" || reasoning_effort == "high")
     req->render.reasoning_effort = reasoning_effort;
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    if (body.contains(key) && !body[key].is_null() &&
-        (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2))
+    if (!body.contains(key) || body[key].is_null()) continue;
+    if (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2)
       return InvalidRequest(std::string(key) + ": expected a number between -2 and 2");
+    (key[0] == 'f' ? req->adjust.frequency_penalty : req->adjust.presence_penalty) = body[key].get<float>();
   }
 
   std::vector<ChatTool> tools;
@@ -248,15 +276,38 @@ OpenAIWriter::OpenAIWriter(OpenAIOptions opts, int64_t input_tokens)
       created_(static_cast<int64_t>(std::time(nullptr))),
       input_tokens_(input_tokens) {}
 
-std::string OpenAIWriter::Chunk(Json delta, const Json& finish) const {
+std::string OpenAIWriter::Chunk(Json delta, const Json& finish) {
   Json c = {
       {"id", id_},
       {"object", "chat.completion.chunk"},
       {"created", created_},
       {"model", opts_.model},
       {"choices",
-       Json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+       Json::array(
+           {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", TakeLogprobs()}, {"finish_reason", finish}}})}};
   return "data: " + Dump(c) + "\n\n";
+}
+
+Json OpenAIWriter::LogprobEntry(TokenId id, float logprob) const {
+  const std::string piece = opts_.tokenizer->TokenToPiece(id, /*render_special=*/true);
+  Json bytes = Json::array();
+  for (unsigned char b : piece) bytes.push_back(b);
+  return {{"token", piece}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+Json OpenAIWriter::TakeLogprobs() {
+  if (!opts_.logprobs || opts_.tokenizer == nullptr) return nullptr;
+  Json content = Json::array();
+  for (const TokenLogprob& lp : lp_pending_) {
+    Json e = LogprobEntry(lp.id, lp.logprob);
+    Json top = Json::array();
+    for (const auto& [t, l] : lp.top) top.push_back(LogprobEntry(t, l));
+    e["top_logprobs"] = std::move(top);
+    lp_content_.push_back(e);
+    content.push_back(std::move(e));
+  }
+  lp_pending_.clear();
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
 std::string OpenAIWriter::Start() {
@@ -264,6 +315,7 @@ std::string OpenAIWriter::Start() {
 }
 
 std::string OpenAIWriter::Event(const StreamEvent& ev) {
+  lp_pending_.insert(lp_pending_.end(), ev.logprobs.begin(), ev.logprobs.end());
   switch (ev.kind) {
     case StreamEvent::Kind::kStarted:
       cached_tokens_ = ev.cache_read_tokens;
@@ -317,17 +369,21 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
   return "";
 }
 
-Json OpenAIWriter::Completion() const {
+Json OpenAIWriter::Completion() {
+  TakeLogprobs();  // every token's entry into lp_content_ (a non-streamed response writes no chunk)
   Json msg = {{"role", "assistant"}, {"content", content_.empty() && !tool_calls_.empty() ? Json() : Json(content_)}};
   if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
   if (!tool_calls_.empty()) msg["tool_calls"] = tool_calls_;
-  return {
-      {"id", id_},
-      {"object", "chat.completion"},
-      {"created", created_},
-      {"model", opts_.model},
-      {"choices", Json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_}}})},
-      {"usage", Usage()}};
+  return {{"id", id_},
+          {"object", "chat.completion"},
+          {"created", created_},
+          {"model", opts_.model},
+          {"choices",
+           Json::array({{{"index", 0},
+                         {"message", msg},
+                         {"logprobs", opts_.logprobs ? Json{{"content", lp_content_}, {"refusal", nullptr}} : Json()},
+                         {"finish_reason", finish_}}})},
+          {"usage", Usage()}};
 }
 
 Json OpenAIWriter::Usage() const {

@@ -19,6 +19,7 @@ struct RequestLimits {
   size_t max_messages = 100000;       // entries of messages[] (Anthropic's own limit)
   size_t max_content_blocks = 10000;  // blocks of one message's content (and of a tool_result's)
   size_t max_tools = 1000;            // entries of tools[]
+  size_t max_logit_bias = 1024;       // entries of OpenAI logit_bias
   size_t max_tool_name_bytes = 128;   // [A-Za-z0-9_-]{1,128}: names go into the prompt verbatim
   size_t max_stop_sequences = 16;     // stop_sequences / stop entries
   size_t max_stop_bytes = 512;        // bytes of one stop sequence
