@@ -1,5 +1,9 @@
 """OpenAI Chat Completions end to end: the official `openai` SDK against `mererun serve` on
 smollm2-135m-instruct."""
+import json
+import math
+import subprocess
+
 import openai
 import pytest
 import requests
@@ -65,3 +69,70 @@ def test_error_envelope(client, server):
     r = requests.post(server.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer " + KEY},
                       json={"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert r.status_code == 400 and "text-only" in r.json()["error"]["message"]
+
+
+def token_ids(mererun_bin, text):
+    out = subprocess.run([str(mererun_bin), "tokenize", "-m", "smollm2-135m-instruct", "--no-add-special"],
+                         input=text, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_logprobs_plain_and_streamed(client):
+    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(e.token for e in content).strip() == r.choices[0].message.content.strip()
+    for e in content:
+        assert e.logprob <= 0 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+        assert len(e.top_logprobs) == 3
+        assert [a.logprob for a in e.top_logprobs] == sorted((a.logprob for a in e.top_logprobs), reverse=True)
+        # Greedy: the token is the row's most likely one.
+        assert e.top_logprobs[0].token == e.token and abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6
+    assert sum(math.exp(a.logprob) for a in content[0].top_logprobs) <= 1 + 1e-4
+    chunks = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0, logprobs=True,
+                                                 top_logprobs=3, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(abs(a.logprob - b.logprob) < 0.02 for a, b in zip(streamed, content))
+    # Off by default; top_logprobs without logprobs is refused.
+    assert client.chat.completions.create(model="m", messages=MSGS, max_tokens=2).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=MSGS, max_tokens=2, top_logprobs=2)
+    assert "top_logprobs" in e.value.body["message"]
+
+
+def test_logit_bias(client, mererun_bin):
+    plain = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0).choices[0].message.content
+    assert "Paris" in plain
+    paris = token_ids(mererun_bin, " Paris") + token_ids(mererun_bin, "Paris")
+    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0,
+                                       logit_bias={str(t): -100 for t in paris})
+    assert "Paris" not in r.choices[0].message.content
+    [banana] = token_ids(mererun_bin, " banana")
+    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=5, temperature=1.0,
+                                       logit_bias={str(banana): 100})
+    assert r.choices[0].message.content.strip() == " ".join(["banana"] * 5)
+    for bad, word in (({"x": 1}, "token id"), ({"5": 101}, "between"), ({"99999999": 1}, "outside the vocabulary")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", messages=MSGS, max_tokens=2, logit_bias=bad)
+        assert word in e.value.body["message"]
+
+
+def test_frequency_and_presence_penalties(client):
+    """Greedy with penalties, checked through the raw log-probabilities the server reports: at each
+    step the chosen token beats every listed alternative once each one's penalty for its count so far
+    is subtracted (an independent reading of OpenAI's formula), and the output differs from the
+    unpenalized one."""
+    msgs = [{"role": "user", "content": "Write the word 'hello' ten times."}]
+    plain = client.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0)
+    freq, pres = 1.0, 0.5
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0, logprobs=True,
+                                       top_logprobs=20, frequency_penalty=freq, presence_penalty=pres)
+    assert r.choices[0].message.content != plain.choices[0].message.content
+    counts = {}
+    adjusted = lambda tok, lp: lp - freq * counts.get(tok, 0) - (pres if counts.get(tok, 0) else 0)
+    for e in r.choices[0].logprobs.content:
+        best = max(adjusted(a.token, a.logprob) for a in e.top_logprobs)
+        assert adjusted(e.token, e.logprob) >= best - 1e-4, (e.token, [(a.token, a.logprob) for a in e.top_logprobs])
+        counts[e.token] = counts.get(e.token, 0) + 1
