@@ -67,6 +67,13 @@ class Tokenizer {
   // eos, eot, <|im_end|>, <end_of_turn> ...: llama.cpp's EOG set (by id and by token name,
   // including FIM pad/repo/file-separator tokens).
   virtual bool IsEndOfGeneration(TokenId id) const = 0;
+  // Fill-in-the-middle markers (metadata ids, else found by name as llama.cpp does); -1 where
+  // the vocabulary has none.
+  struct FimTokens {
+    TokenId prefix = -1, suffix = -1, middle = -1;
+    bool ok() const { return prefix >= 0 && suffix >= 0 && middle >= 0; }
+  };
+  virtual FimTokens fim() const = 0;
   virtual TokenAttr attr(TokenId id) const = 0;
   virtual const std::string& text(TokenId id) const = 0;        // raw vocab string
   virtual TokenId Find(std::string_view token_text) const = 0;  // -1 when absent

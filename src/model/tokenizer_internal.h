@@ -122,6 +122,7 @@ class TokenizerBase : public Tokenizer {
   TokenId bos_id() const override { return vocab_->bos; }
   TokenId eos_id() const override { return vocab_->eos; }
   bool IsEndOfGeneration(TokenId id) const override { return vocab_->eog.count(id) > 0; }
+  FimTokens fim() const override { return {vocab_->fim_pre, vocab_->fim_suf, vocab_->fim_mid}; }
   TokenAttr attr(TokenId id) const override;
   const std::string& text(TokenId id) const override;
   TokenId Find(std::string_view token_text) const override { return vocab_->Find(token_text); }
