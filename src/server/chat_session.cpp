@@ -250,9 +250,90 @@ nlohmann::ordered_json ApplyContextEdits(const ServedModel& sm, ChatRequest* req
   return Json{{"applied_edits", std::move(applied)}, {"original_input_tokens", original}};
 }
 
+// The prompt's length, max_tokens and the sampling: what every generation request shares.
+std::optional<ApiError> SetGeneration(const ServedModel& sm, const ChatRequest& req, PreparedChat* out) {
+  const int64_t n = static_cast<int64_t>(out->prompt.size());
+  const int64_t max_prompt = sm.n_ctx - 1;
+  if (n > max_prompt)
+    return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) +
+                          " maximum");
+  if (n == 0) return InvalidRequest("the prompt is empty");
+  const int64_t room = sm.n_ctx - n;
+  out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
+  if (sm.max_output_tokens > 0) out->max_tokens = std::min(out->max_tokens, sm.max_output_tokens);
+
+  SamplingParams s = sm.default_sampling;
+  if (req.temperature) s.temperature = *req.temperature;
+  if (req.top_p) s.top_p = *req.top_p;
+  if (req.top_k) s.top_k = *req.top_k;
+  out->params.sampling = s;
+  out->params.max_tokens = out->max_tokens;
+  const int64_t n_vocab = sm.model->config().n_vocab;
+  for (const auto& [t, b] : req.adjust.bias)
+    if (t < 0 || t >= n_vocab)
+      return InvalidRequest("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                            std::to_string(n_vocab - 1) + ")");
+  out->params.adjust = req.adjust;
+  out->params.logprobs = req.logprobs;
+  if (req.seed) {
+    out->params.seed = *req.seed;
+    out->params.seeded = true;
+  }
+  out->family = sm.family;
+  return std::nullopt;
+}
+
+// A /v1/completions prompt: BOS where the model's metadata asks for it, then the text as text
+// (or the ids as given); with a suffix, <fim_prefix> text <fim_suffix> suffix <fim_middle>.
+std::optional<ApiError> EncodeRawPrompt(const ServedModel& sm, const RawPrompt& raw, std::vector<TokenId>* out) {
+  const Tokenizer& tok = sm.model->tokenizer();
+  const int64_t n_vocab = sm.model->config().n_vocab;
+  if (!raw.ids.empty()) {
+    if (raw.suffix) return InvalidRequest("suffix: not with a token-array prompt; send the prompt as text");
+    for (const TokenId t : raw.ids)
+      if (t < 0 || t >= n_vocab)
+        return InvalidRequest("prompt: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                              std::to_string(n_vocab - 1) + ")");
+    *out = raw.ids;
+    return std::nullopt;
+  }
+  const size_t bytes = raw.text.size() + (raw.suffix ? raw.suffix->size() : 0);
+  if (bytes > MaxPromptBytes(sm))
+    return InvalidRequest("prompt is too long: " + std::to_string(bytes) + " bytes of text cannot fit a " +
+                          std::to_string(sm.n_ctx) + "-token context");
+  if (!raw.suffix) {
+    *out = tok.Encode(raw.text, /*add_special=*/true, /*parse_special=*/false);
+    return std::nullopt;
+  }
+  const Tokenizer::FimTokens fim = tok.fim();
+  if (!fim.ok())
+    return InvalidRequest("suffix: model '" + sm.id +
+                          "' has no fill-in-the-middle tokens; send the prompt without a suffix");
+  out->clear();
+  const std::vector<TokenId> head = tok.Encode("", /*add_special=*/true, /*parse_special=*/false);
+  if (!head.empty() && head[0] == tok.bos_id()) out->push_back(head[0]);
+  auto append = [&](TokenId marker, const std::string& text) {
+    out->push_back(marker);
+    const std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/false, /*parse_special=*/false);
+    out->insert(out->end(), ids.begin(), ids.end());
+  };
+  append(fim.prefix, raw.text);
+  append(fim.suffix, *raw.suffix);
+  out->push_back(fim.middle);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
+  if (req.raw.on) {  // /v1/completions: the prompt as it is, the output as plain text
+    if (auto e = EncodeRawPrompt(sm, req.raw, &out->prompt)) return e;
+    if (!for_generation) return std::nullopt;
+    if (auto e = SetGeneration(sm, req, out)) return e;
+    out->parser.stop_sequences = req.stop_sequences;
+    out->parser.verbatim = true;
+    return std::nullopt;
+  }
   // Structured outputs: the model is told the schema too (the grammar makes the answer valid;
   // knowing the keys and types lets the model fill them instead of rambling into a string).
   if (req.format == OutputFormat::kJsonSchema) {
@@ -300,35 +381,9 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     return InvalidRequest("prompt is too long: " + std::to_string(rendered.text.size()) +
                           " bytes of text cannot fit a " + std::to_string(sm.n_ctx) + "-token context");
   out->prompt = EncodePrompt(sm, rendered, 0, /*add_special=*/true);
-  const int64_t n = static_cast<int64_t>(out->prompt.size());
-  const int64_t max_prompt = sm.n_ctx - 1;
   if (!for_generation) return std::nullopt;
-  if (n > max_prompt)
-    return InvalidRequest("prompt is too long: " + std::to_string(n) + " tokens > " + std::to_string(max_prompt) +
-                          " maximum");
-  if (n == 0) return InvalidRequest("the prompt is empty");
+  if (auto e = SetGeneration(sm, req, out)) return e;
   out->cache_breakpoints = MapCacheCuts(sm, req, rendered, out->prompt);
-  const int64_t room = sm.n_ctx - n;
-  out->max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
-  if (sm.max_output_tokens > 0) out->max_tokens = std::min(out->max_tokens, sm.max_output_tokens);
-
-  SamplingParams s = sm.default_sampling;
-  if (req.temperature) s.temperature = *req.temperature;
-  if (req.top_p) s.top_p = *req.top_p;
-  if (req.top_k) s.top_k = *req.top_k;
-  out->params.sampling = s;
-  out->params.max_tokens = out->max_tokens;
-  const int64_t n_vocab = sm.model->config().n_vocab;
-  for (const auto& [t, b] : req.adjust.bias)
-    if (t < 0 || t >= n_vocab)
-      return InvalidRequest("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                            std::to_string(n_vocab - 1) + ")");
-  out->params.adjust = req.adjust;
-  out->params.logprobs = req.logprobs;
-  if (req.seed) {
-    out->params.seed = *req.seed;
-    out->params.seeded = true;
-  }
   out->parser.start_in_reasoning = prompted_reasoning;
   out->parser.may_open_reasoning = req.thinking_budget > 0 && req.thinking_adaptive;
   out->parser.reasoning_open = reasoning.open_tag;
@@ -347,7 +402,6 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   out->thinking_budget = req.thinking_budget;
   out->single_tool_call = req.single_tool_call;
   out->forced_tool_call = forced;
-  out->family = sm.family;
   out->tool_search = req.tool_search;
 
   ConstraintRequest cr;

@@ -60,7 +60,18 @@ struct ContextEdit {
 // What replaces a cleared tool result.
 inline constexpr const char* kClearedToolResult = "[tool result cleared to save context]";
 
+// OpenAI /v1/completions: a prompt without a chat template. The text is tokenized as text (no
+// control token comes from it); a token-array prompt is used as it is; with a suffix the model's
+// fill-in-the-middle markers frame the two (prefix, suffix, then the middle to generate).
+struct RawPrompt {
+  bool on = false;
+  std::string text;
+  std::vector<TokenId> ids;  // a token-array prompt (then `text` is empty)
+  std::optional<std::string> suffix;
+};
+
 struct ChatRequest {
+  RawPrompt raw;  // on: no messages, template, tools, reasoning or structured output
   std::vector<ChatMessage> messages;
   std::vector<CacheCut> cache_cuts;  // in request order (tools, system, messages); at most 4
   ChatRenderOptions render;          // tools, system suffix, assistant prefix, continue_final

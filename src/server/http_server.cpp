@@ -62,7 +62,7 @@ void LogLong(const char* what, const std::string& text) {
 
 // The requests counted in mererun_requests_total.
 bool IsGenerationPath(const std::string& path) {
-  return path == "/v1/messages" || path == "/v1/chat/completions";
+  return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions";
 }
 
 Outcome OutcomeOfStatus(int status) {
@@ -369,6 +369,27 @@ struct HttpServer::Impl {
     res.SetContent(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
+  // Both OpenAI endpoints once parsed: prepare, submit, then stream or collect. `make` builds the
+  // response writer from the prompt's token count.
+  template <typename MakeWriter>
+  void OpenAIGenerate(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count, ChatRequest chat,
+                      bool stream, MakeWriter make) {
+    PreparedChat prepared;
+    if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kOpenAI, *e);
+    const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
+    auto p = std::make_shared<Pending>();
+    if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
+    auto w = make(n_prompt);
+    if (stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
+    StreamEvent last;
+    if (!Collect(*p, *w, &last)) return;
+    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
+    SetTimingHeaders(last, res);
+    w->Event(last);
+    res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+  }
+
   void ChatCompletions(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
     LogLong("POST /v1/chat/completions body", req.body);
     Json body;
@@ -376,20 +397,24 @@ struct HttpServer::Impl {
     ChatRequest chat;
     OpenAIOptions oopts;
     if (auto e = ParseOpenAIRequest(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
-    PreparedChat prepared;
-    if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kOpenAI, *e);
-    const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
-    auto p = std::make_shared<Pending>();
-    if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
-    count->job = p->job;
-    auto w = std::make_shared<OpenAIWriter>(oopts, n_prompt);
-    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
-    StreamEvent last;
-    if (!Collect(*p, *w, &last)) return;
-    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
-    SetTimingHeaders(last, res);
-    w->Event(last);
-    res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    OpenAIGenerate(req, res, std::move(count), std::move(chat), oopts.stream,
+                   [&](int64_t n_prompt) { return std::make_shared<OpenAIWriter>(oopts, n_prompt); });
+  }
+
+  void Completions(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
+    LogLong("POST /v1/completions body", req.body);
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
+    ChatRequest chat;
+    OpenAIOptions oopts;
+    if (auto e = ParseCompletionRequest(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
+    RawPrompt echo;
+    if (oopts.echo) echo = chat.raw;
+    // Called once PrepareChat has checked the prompt (its ids are in the vocabulary).
+    OpenAIGenerate(req, res, std::move(count), std::move(chat), oopts.stream, [&](int64_t n_prompt) {
+      return std::make_shared<CompletionWriter>(
+          oopts, n_prompt, echo.ids.empty() ? echo.text : sm.model->tokenizer().Decode(echo.ids, /*render_special=*/false));
+    });
   }
 
   // GET /health: 200 with the engine's state when it accepts requests; 529 (overloaded, with
@@ -477,8 +502,7 @@ struct HttpServer::Impl {
         return refuse(
             {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
     }
-    const bool post_route =
-        req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens" || req.path == "/v1/chat/completions";
+    const bool post_route = IsGenerationPath(req.path) || req.path == "/v1/messages/count_tokens";
     const bool get_route = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
                            (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
     if (!post_route && !get_route)
@@ -528,7 +552,9 @@ struct HttpServer::Impl {
     if (req.path == "/v1/messages/count_tokens") return Messages(req, res, true, nullptr);
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
-    if (api == Api::kOpenAI) {
+    if (req.path == "/v1/completions") {
+      Completions(req, res, count);
+    } else if (api == Api::kOpenAI) {
       ChatCompletions(req, res, count);
     } else {
       Messages(req, res, false, count);

@@ -43,6 +43,121 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
   return std::nullopt;
 }
 
+// prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused (prefix cache).
+Json UsageJson(int64_t in, int64_t out, int64_t cached) {
+  return {{"prompt_tokens", in},
+          {"completion_tokens", out},
+          {"total_tokens", in + out},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+const char* FinishName(FinishReason f) {
+  switch (f) {
+    case FinishReason::kMaxTokens:
+      return "length";
+    case FinishReason::kToolUse:
+      return "tool_calls";
+    default:
+      return "stop";
+  }
+}
+
+struct ChunkHead {
+  const std::string& id;
+  const char* object;
+  int64_t created;
+};
+
+// After the last choice chunk: the usage chunk (stream_options.include_usage) and [DONE].
+std::string StreamEnd(const OpenAIOptions& opts, const ChunkHead& h, const Json& usage) {
+  std::string out;
+  if (opts.include_usage) {
+    const Json u = {{"id", h.id},          {"object", h.object},       {"created", h.created},
+                    {"model", opts.model}, {"choices", Json::array()}, {"usage", usage}};
+    out += "data: " + Dump(u) + "\n\n";
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+// The fields both OpenAI endpoints share: streaming, limits, stops and sampling.
+std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean()) return InvalidRequest("stream: expected a boolean");
+    opts->stream = body["stream"].get<bool>();
+  }
+  const Json* stream_options = nullptr;
+  if (auto e = OptObject(body, "stream_options", "", &stream_options)) return e;
+  if (stream_options != nullptr)
+    if (auto e = OptBool(*stream_options, "include_usage", "stream_options", &opts->include_usage)) return e;
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (body.contains(key) && !body[key].is_null()) {
+      if (!body[key].is_number_integer() || body[key].get<int64_t>() < 1)
+        return InvalidRequest(std::string(key) + ": expected an integer >= 1");
+      req->max_tokens = body[key].get<int64_t>();
+      break;
+    }
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const Json& s = body["stop"];
+    if (s.is_string()) {
+      req->stop_sequences.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const Json& x : s) {
+        if (!x.is_string()) return InvalidRequest("stop: expected a string or an array of strings");
+        req->stop_sequences.push_back(x.get<std::string>());
+      }
+    } else {
+      return InvalidRequest("stop: expected a string or an array of strings");
+    }
+    if (auto e = CheckStopSequences(req->stop_sequences, "stop", kLimits)) return e;
+  }
+  if (body.contains("temperature") && !body["temperature"].is_null()) {
+    if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0 ||
+        body["temperature"].get<double>() > 2)
+      return InvalidRequest("temperature: expected a number between 0 and 2");
+    req->temperature = body["temperature"].get<float>();
+  }
+  if (body.contains("top_p") && !body["top_p"].is_null()) {
+    if (!body["top_p"].is_number() || body["top_p"].get<double>() <= 0 || body["top_p"].get<double>() > 1)
+      return InvalidRequest("top_p: expected a number in (0, 1]");
+    req->top_p = body["top_p"].get<float>();
+  }
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) return InvalidRequest("seed: expected an integer");
+    req->seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
+  }
+  if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
+    return InvalidRequest("n: only 1 choice per request is supported");
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const Json& lb = body["logit_bias"];
+    if (!lb.is_object()) return InvalidRequest("logit_bias: expected an object of token id -> bias");
+    if (lb.size() > kLimits.max_logit_bias)
+      return InvalidRequest("logit_bias: at most " + std::to_string(kLimits.max_logit_bias) + " entries");
+    for (const auto& [key, v] : lb.items()) {
+      TokenId id = -1;
+      const char* end = key.data() + key.size();
+      const auto [ptr, ec] = std::from_chars(key.data(), end, id);
+      if (key.empty() || ec != std::errc() || ptr != end || id < 0)
+        return InvalidRequest("logit_bias: key \"" + key + "\" is not a token id");
+      if (!v.is_number() || v.get<double>() < -100 || v.get<double>() > 100)
+        return InvalidRequest("logit_bias[\"" + key + "\"]: expected a number between -100 and 100");
+      req->adjust.bias.emplace_back(id, v.get<float>());
+    }
+  }
+  // Accepted and ignored, but of their documented type.
+  const Json* metadata = nullptr;
+  if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
+  std::string user;
+  if (auto e = OptString(body, "user", "", &user)) return e;
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    if (!body.contains(key) || body[key].is_null()) continue;
+    if (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2)
+      return InvalidRequest(std::string(key) + ": expected a number between -2 and 2");
+    (key[0] == 'f' ? req->adjust.frequency_penalty : req->adjust.presence_penalty) = body[key].get<float>();
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& sm, ChatRequest* req,
@@ -100,53 +215,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     req->messages.push_back(std::move(msg));
   }
 
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean()) return InvalidRequest("stream: expected a boolean");
-    opts->stream = body["stream"].get<bool>();
-  }
-  const Json* stream_options = nullptr;
-  if (auto e = OptObject(body, "stream_options", "", &stream_options)) return e;
-  if (stream_options != nullptr)
-    if (auto e = OptBool(*stream_options, "include_usage", "stream_options", &opts->include_usage)) return e;
-  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
-    if (body.contains(key) && !body[key].is_null()) {
-      if (!body[key].is_number_integer() || body[key].get<int64_t>() < 1)
-        return InvalidRequest(std::string(key) + ": expected an integer >= 1");
-      req->max_tokens = body[key].get<int64_t>();
-      break;
-    }
-  }
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const Json& s = body["stop"];
-    if (s.is_string()) {
-      req->stop_sequences.push_back(s.get<std::string>());
-    } else if (s.is_array()) {
-      for (const Json& x : s) {
-        if (!x.is_string()) return InvalidRequest("stop: expected a string or an array of strings");
-        req->stop_sequences.push_back(x.get<std::string>());
-      }
-    } else {
-      return InvalidRequest("stop: expected a string or an array of strings");
-    }
-    if (auto e = CheckStopSequences(req->stop_sequences, "stop", kLimits)) return e;
-  }
-  if (body.contains("temperature") && !body["temperature"].is_null()) {
-    if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0 ||
-        body["temperature"].get<double>() > 2)
-      return InvalidRequest("temperature: expected a number between 0 and 2");
-    req->temperature = body["temperature"].get<float>();
-  }
-  if (body.contains("top_p") && !body["top_p"].is_null()) {
-    if (!body["top_p"].is_number() || body["top_p"].get<double>() <= 0 || body["top_p"].get<double>() > 1)
-      return InvalidRequest("top_p: expected a number in (0, 1]");
-    req->top_p = body["top_p"].get<float>();
-  }
-  if (body.contains("seed") && !body["seed"].is_null()) {
-    if (!body["seed"].is_number_integer()) return InvalidRequest("seed: expected an integer");
-    req->seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
-  }
-  if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
-    return InvalidRequest("n: only 1 choice per request is supported");
+  if (auto e = ParseCommon(body, req, opts)) return e;
   if (auto e = OptBool(body, "logprobs", "", &opts->logprobs)) return e;
   if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
     const Json& t = body["top_logprobs"];
@@ -158,22 +227,6 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   if (opts->logprobs) {
     req->logprobs = std::max(req->logprobs, 0);
     if (sm.model != nullptr) opts->tokenizer = &sm.model->tokenizer();  // parse-only callers have no model
-  }
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
-    const Json& lb = body["logit_bias"];
-    if (!lb.is_object()) return InvalidRequest("logit_bias: expected an object of token id -> bias");
-    if (lb.size() > kLimits.max_logit_bias)
-      return InvalidRequest("logit_bias: at most " + std::to_string(kLimits.max_logit_bias) + " entries");
-    for (const auto& [key, v] : lb.items()) {
-      TokenId id = -1;
-      const char* end = key.data() + key.size();
-      const auto [ptr, ec] = std::from_chars(key.data(), end, id);
-      if (key.empty() || ec != std::errc() || ptr != end || id < 0)
-        return InvalidRequest("logit_bias: key \"" + key + "\" is not a token id");
-      if (!v.is_number() || v.get<double>() < -100 || v.get<double>() > 100)
-        return InvalidRequest("logit_bias[\"" + key + "\"]: expected a number between -100 and 100");
-      req->adjust.bias.emplace_back(id, v.get<float>());
-    }
   }
   const Json* response_format = nullptr;
   if (auto e = OptObject(body, "response_format", "", &response_format)) return e;
@@ -192,24 +245,13 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   } else if (format_type != "text") {
     return InvalidRequest("response_format.type: expected \"text\", \"json_object\" or \"json_schema\"");
   }
-  // Accepted and ignored, but of their documented type.
-  const Json* metadata = nullptr;
-  if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
-  std::string user, reasoning_effort;
-  if (auto e = OptString(body, "user", "", &user)) return e;
+  std::string reasoning_effort;
   if (auto e = OptString(body, "reasoning_effort", "", &reasoning_effort)) return e;
   // For templates that take one (gpt-oss's low / medium / high); other values are ignored.
   if (reasoning_effort == "minimal" || reasoning_effort == "none") reasoning_effort = "low";
   if (reasoning_effort == "xhigh") reasoning_effort = "high";
   if (reasoning_effort == "low" || reasoning_effort == "medium" || reasoning_effort == "high")
     req->render.reasoning_effort = reasoning_effort;
-  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    if (!body.contains(key) || body[key].is_null()) continue;
-    if (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2)
-      return InvalidRequest(std::string(key) + ": expected a number between -2 and 2");
-    (key[0] == 'f' ? req->adjust.frequency_penalty : req->adjust.presence_penalty) = body[key].get<float>();
-  }
-
   std::vector<ChatTool> tools;
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) return InvalidRequest("tools: expected an array");
@@ -340,28 +382,8 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kDone: {
       output_tokens_ = ev.output_tokens;
       cached_tokens_ = ev.cache_read_tokens;
-      switch (ev.finish) {
-        case FinishReason::kMaxTokens:
-          finish_ = "length";
-          break;
-        case FinishReason::kToolUse:
-          finish_ = "tool_calls";
-          break;
-        default:
-          finish_ = "stop";
-          break;
-      }
-      std::string out = Chunk(Json::object(), finish_);
-      if (opts_.include_usage) {
-        Json u = {{"id", id_},
-                  {"object", "chat.completion.chunk"},
-                  {"created", created_},
-                  {"model", opts_.model},
-                  {"choices", Json::array()},
-                  {"usage", Usage()}};
-        out += "data: " + Dump(u) + "\n\n";
-      }
-      return out + "data: [DONE]\n\n";
+      finish_ = FinishName(ev.finish);
+      return Chunk(Json::object(), finish_) + StreamEnd(opts_, {id_, "chat.completion.chunk", created_}, Usage());
     }
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
@@ -387,10 +409,141 @@ Json OpenAIWriter::Completion() {
 }
 
 Json OpenAIWriter::Usage() const {
-  return {{"prompt_tokens", input_tokens_},
-          {"completion_tokens", output_tokens_},
-          {"total_tokens", input_tokens_ + output_tokens_},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+  return UsageJson(input_tokens_, output_tokens_, cached_tokens_);
+}
+
+std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedModel& sm, ChatRequest* req,
+                                               OpenAIOptions* opts) {
+  if (!body.is_object()) return InvalidRequest("the request body must be a JSON object");
+  opts->model = sm.id;
+  if (auto e = OptString(body, "model", "", &opts->model)) return e;
+  req->raw.on = true;
+  if (!body.contains("prompt") || body["prompt"].is_null())
+    return InvalidRequest("prompt: field required (a string or an array of token ids)");
+  const Json* p = &body["prompt"];
+  constexpr const char* kPromptShape = "prompt: expected a string, an array of token ids, or one of either in an array";
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    req->raw.text = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) return InvalidRequest("prompt: empty");
+    for (const Json& x : *p) {
+      if (x.is_string() || x.is_array())
+        return InvalidRequest("prompt: one prompt per request is supported (send the others as their own requests)");
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+        return InvalidRequest(kPromptShape);
+      req->raw.ids.push_back(static_cast<TokenId>(x.get<int64_t>()));
+    }
+  } else {
+    return InvalidRequest(kPromptShape);
+  }
+  if (body.contains("suffix") && !body["suffix"].is_null()) {
+    if (!body["suffix"].is_string()) return InvalidRequest("suffix: expected a string");
+    req->raw.suffix = body["suffix"].get<std::string>();
+  }
+  req->max_tokens = 16;  // the API's default
+  if (auto e = ParseCommon(body, req, opts)) return e;
+  if (auto e = OptBool(body, "echo", "", &opts->echo)) return e;
+  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
+    return InvalidRequest("best_of: only 1 is supported");
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    const Json& l = body["logprobs"];
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20)
+      return InvalidRequest("logprobs: expected an integer between 0 and 20 (alternatives per token)");
+    if (opts->echo) return InvalidRequest("logprobs: not with echo (this server does not score the prompt's tokens)");
+    opts->logprobs = true;
+    req->logprobs = static_cast<int>(l.get<int64_t>());
+    if (sm.model != nullptr) opts->tokenizer = &sm.model->tokenizer();
+  }
+  return std::nullopt;
+}
+
+CompletionWriter::CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo)
+    : opts_(std::move(opts)),
+      id_(RandomId("cmpl-")),
+      created_(static_cast<int64_t>(std::time(nullptr))),
+      input_tokens_(input_tokens),
+      text_(std::move(echo)),
+      lp_all_({{"tokens", Json::array()},
+               {"token_logprobs", Json::array()},
+               {"top_logprobs", Json::array()},
+               {"text_offset", Json::array()}}) {
+  for (const unsigned char c : text_) offset_ += (c & 0xC0) != 0x80;
+}
+
+std::string CompletionWriter::Chunk(const std::string& text, const Json& finish) {
+  const Json c = {
+      {"id", id_},
+      {"object", "text_completion"},
+      {"created", created_},
+      {"model", opts_.model},
+      {"choices",
+       Json::array({{{"text", text}, {"index", 0}, {"logprobs", TakeLogprobs()}, {"finish_reason", finish}}})}};
+  return "data: " + Dump(c) + "\n\n";
+}
+
+Json CompletionWriter::TakeLogprobs() {
+  if (!opts_.logprobs || opts_.tokenizer == nullptr) return nullptr;
+  Json lp = {{"tokens", Json::array()},
+             {"token_logprobs", Json::array()},
+             {"top_logprobs", Json::array()},
+             {"text_offset", Json::array()}};
+  for (const TokenLogprob& t : lp_pending_) {
+    const std::string piece = opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/true);
+    Json top = Json::object();
+    for (const auto& [id, l] : t.top) top[opts_.tokenizer->TokenToPiece(id, /*render_special=*/true)] = l;
+    lp["tokens"].push_back(piece);
+    lp["token_logprobs"].push_back(t.logprob);
+    lp["top_logprobs"].push_back(std::move(top));
+    lp["text_offset"].push_back(offset_);
+    for (const unsigned char c : piece) offset_ += (c & 0xC0) != 0x80;
+  }
+  lp_pending_.clear();
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const Json& x : lp[k]) lp_all_[k].push_back(x);
+  return lp;
+}
+
+std::string CompletionWriter::Start() {
+  return text_.empty() ? "" : Chunk(text_, nullptr);
+}
+
+std::string CompletionWriter::Event(const StreamEvent& ev) {
+  lp_pending_.insert(lp_pending_.end(), ev.logprobs.begin(), ev.logprobs.end());
+  switch (ev.kind) {
+    case StreamEvent::Kind::kStarted:
+      cached_tokens_ = ev.cache_read_tokens;
+      return "";
+    case StreamEvent::Kind::kText:
+    case StreamEvent::Kind::kReasoning:  // a raw prompt has no reasoning section: text either way
+      text_ += ev.text;
+      return ev.text.empty() ? "" : Chunk(ev.text, nullptr);
+    case StreamEvent::Kind::kToolCall:
+    case StreamEvent::Kind::kServerTool:
+      return "";  // no tools on this endpoint
+    case StreamEvent::Kind::kDone:
+      output_tokens_ = ev.output_tokens;
+      cached_tokens_ = ev.cache_read_tokens;
+      finish_ = FinishName(ev.finish);
+      return Chunk("", finish_) + StreamEnd(opts_, {id_, "text_completion", created_},
+                                            UsageJson(input_tokens_, output_tokens_, cached_tokens_));
+    case StreamEvent::Kind::kError:
+      return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
+  }
+  return "";
+}
+
+Json CompletionWriter::Completion() {
+  TakeLogprobs();
+  return {{"id", id_},
+          {"object", "text_completion"},
+          {"created", created_},
+          {"model", opts_.model},
+          {"choices", Json::array({{{"text", text_},
+                                    {"index", 0},
+                                    {"logprobs", opts_.logprobs ? lp_all_ : Json()},
+                                    {"finish_reason", finish_}}})},
+          {"usage", UsageJson(input_tokens_, output_tokens_, cached_tokens_)}};
 }
 
 }  // namespace mr::server

@@ -1,5 +1,6 @@
 // The OpenAI Chat Completions API: request parsing into a ChatRequest and the response writer
-// (one chat.completion object, or chat.completion.chunk SSE lines ending with [DONE]).
+// (one chat.completion object, or chat.completion.chunk SSE lines ending with [DONE]); and the
+// legacy text completions (/v1/completions, a raw prompt: text_completion objects).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@ struct OpenAIOptions {
   // logprobs: true (with top_logprobs alternatives per token); the tokenizer names the tokens.
   bool logprobs = false;
   const Tokenizer* tokenizer = nullptr;
+  bool echo = false;  // /v1/completions: the prompt's text opens the output
 };
 
 std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,
@@ -51,6 +53,38 @@ class OpenAIWriter {
   std::string finish_;
   std::vector<TokenLogprob> lp_pending_;                                 // not yet in a chunk
   nlohmann::ordered_json lp_content_ = nlohmann::ordered_json::array();  // every token's (Completion)
+};
+
+// /v1/completions: prompt (a string, or token ids; one prompt per request), suffix (fill in the
+// middle), echo, logprobs (an integer: alternatives per token) and the chat endpoint's sampling.
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::ordered_json& body, const ServedModel& sm,
+                                               ChatRequest* req, OpenAIOptions* opts);
+
+class CompletionWriter {
+ public:
+  // `echo`: the prompt's text when the request asked for it (it opens the output), else "".
+  CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo);
+  std::string Start();  // the echoed prompt's chunk, or nothing
+  std::string Event(const StreamEvent& ev);
+  nlohmann::ordered_json Completion();
+
+ private:
+  std::string Chunk(const std::string& text, const nlohmann::ordered_json& finish);
+  // choices[].logprobs in the legacy shape ({tokens, token_logprobs, top_logprobs, text_offset})
+  // of the tokens since the last chunk; null when logprobs are off.
+  nlohmann::ordered_json TakeLogprobs();
+
+  OpenAIOptions opts_;
+  std::string id_;
+  int64_t created_ = 0;
+  int64_t input_tokens_ = 0;
+  int64_t output_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
+  std::string text_;
+  std::string finish_;
+  int64_t offset_ = 0;  // characters before the next token (text_offset)
+  std::vector<TokenLogprob> lp_pending_;
+  nlohmann::ordered_json lp_all_;  // every token's, for Completion()
 };
 
 }  // namespace mr::server

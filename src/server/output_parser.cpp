@@ -207,7 +207,7 @@ OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
 }
 
 void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
-  if (skip_ws_) {
+  if (skip_ws_ && !opts_.verbatim) {
     while (!s.empty() && IsWs(s.front())) s.remove_prefix(1);
     if (s.empty()) return;
     skip_ws_ = false;
@@ -215,7 +215,7 @@ void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
   if (opts_.harmony && held_ws_.empty()) TrimHarmonyMarkerSeam(text_tail_, &s);
   // Hold trailing whitespace: it is dropped if a tool call or the end follows.
   size_t end = s.size();
-  while (end > 0 && IsWs(s[end - 1])) --end;
+  while (end > 0 && IsWs(s[end - 1]) && !opts_.verbatim) --end;
   if (end == 0) {
     held_ws_ += s;
     return;

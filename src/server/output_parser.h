@@ -72,6 +72,9 @@ class OutputParser {
     // sequences are looked for in the generated text, as with the other families).
     bool harmony = false;
     std::string turn_prefill;
+    // The text exactly as generated: no whitespace dropped at its start or end (/v1/completions,
+    // where the output continues the prompt).
+    bool verbatim = false;
   };
 
   explicit OutputParser(Options opts);

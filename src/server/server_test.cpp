@@ -1246,6 +1246,43 @@ TEST(OpenAIParse, WrongTypesAnywhereAreErrorValues) {
   EXPECT_NE(e->message.find("logprobs"), std::string::npos) << e->message;
 }
 
+TEST(OpenAIParse, CompletionsPromptShapesAndWrongTypes) {
+  const Json base = Json::parse(R"({"model": "m", "prompt": "x", "suffix": "y", "max_tokens": 5, "stream": true,
+    "stream_options": {"include_usage": true}, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "n": 1,
+    "best_of": 1, "echo": false, "logprobs": 2, "user": "u", "logit_bias": {"5": 1}, "frequency_penalty": 0.5,
+    "presence_penalty": 0})");
+  auto parse = [](const Json& b, ChatRequest* r = nullptr, OpenAIOptions* o = nullptr) {
+    ChatRequest rr;
+    OpenAIOptions oo;
+    return ParseCompletionRequest(b, FakeServed(), r ? r : &rr, o ? o : &oo);
+  };
+  ChatRequest r;
+  OpenAIOptions o;
+  ASSERT_FALSE(parse(base, &r, &o).has_value()) << parse(base)->message;
+  EXPECT_TRUE(r.raw.on);
+  EXPECT_EQ(r.raw.text, "x");
+  EXPECT_EQ(r.raw.suffix.value_or(""), "y");
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_TRUE(o.logprobs && o.stream && o.include_usage && !o.echo);
+  EXPECT_FLOAT_EQ(r.adjust.frequency_penalty, 0.5f);
+  ASSERT_EQ(r.adjust.bias.size(), 1u);
+  EXPECT_EQ(r.adjust.bias[0].first, 5);
+  const int refused = TypeBattery(base, [&](const Json& b) { return parse(b).has_value(); });
+  EXPECT_GT(refused, 20);
+  for (const char* p : {R"([7, 8, 9])", R"([[7, 8, 9]])"}) {
+    ChatRequest ids;
+    ASSERT_FALSE(parse(Json{{"prompt", Json::parse(p)}}, &ids).has_value()) << p;
+    EXPECT_EQ(ids.raw.ids, (std::vector<TokenId>{7, 8, 9})) << p;
+    EXPECT_EQ(ids.max_tokens, 16) << p;  // the API's default
+  }
+  for (const char* p : {R"(["a", "b"])", R"([[1], [2]])", R"([])", R"([1, -1])", R"([1.5])", R"({"a": 1})", "null"}) {
+    auto e = parse(Json{{"prompt", Json::parse(p)}});
+    ASSERT_TRUE(e.has_value()) << p;
+    EXPECT_NE(e->message.find("prompt"), std::string::npos) << e->message;
+  }
+}
+
 }  // namespace
 }  // namespace mr::server
 

@@ -1,6 +1,7 @@
 // libFuzzer target: generated text (split into chunks at input-chosen points) through the
 // streaming output parser (reasoning, tool calls against a schema, stop sequences), then the
-// Anthropic and OpenAI writers, streaming (every SSE `data:` line) and whole (Message(),
+// Anthropic, OpenAI chat and OpenAI text-completion writers (the last echoing the text's first
+// bytes as a prompt), streaming (every SSE `data:` line) and whole (Message(),
 // Completion()), ending in a finish reason or an error event chosen by the input. Everything a
 // writer emits must be valid JSON whatever the model emits. Seeds: tests/fuzz/corpus/output.
 //
@@ -87,6 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   oo.stream = true;
   oo.include_usage = true;
   OpenAIWriter ow(oo, 10);
+  CompletionWriter cw(oo, 10, std::string(text.substr(0, std::min<size_t>(text.size(), data[1] % 4))));
   if (flags & 16) {
     StreamEvent started;
     started.kind = StreamEvent::Kind::kStarted;
@@ -96,9 +98,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     started.cache_creation_1h_tokens = data[1] & 1;
     CheckSse(aw.Event(started));
     CheckSse(ow.Event(started));
+    CheckSse(cw.Event(started));
   }
   CheckSse(aw.Start());
   CheckSse(ow.Start());
+  CheckSse(cw.Start());
   std::vector<ParsedEvent> events;
   auto flush = [&] {
     for (ParsedEvent& e : events) {
@@ -110,6 +114,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ev.call = e.call;
       CheckSse(aw.Event(ev));
       CheckSse(ow.Event(ev));
+      CheckSse(cw.Event(ev));
     }
     events.clear();
   };
@@ -148,9 +153,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckSse(aw.Event(done));
   CheckSse(ow.Event(done));
+  CheckSse(cw.Event(done));
   // The non-streaming bodies, serialized as the HTTP layer does.
   const auto replace = Json::error_handler_t::replace;
   CheckJson(aw.Message().dump(-1, ' ', false, replace), "Message()");
   CheckJson(ow.Completion().dump(-1, ' ', false, replace), "Completion()");
+  CheckJson(cw.Completion().dump(-1, ' ', false, replace), "CompletionWriter::Completion()");
   return 0;
 }

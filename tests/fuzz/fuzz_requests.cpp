@@ -1,5 +1,6 @@
 // libFuzzer target: a request body through everything an HTTP handler does before the engine
-// sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd) parser,
+// sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd; with bit
+// 1 set, the /v1/completions) parser,
 // then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
 // and chat template, and the first token mask of a grammar constraint (tool schemas, structured
 // outputs). Every outcome must be a value: an ApiError or a prepared prompt.
@@ -49,7 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (mr::server::ParseAnthropicRequest(json, sm, count_only, &req, &opts)) return 0;
   } else {
     mr::server::OpenAIOptions opts;
-    if (mr::server::ParseOpenAIRequest(json, sm, &req, &opts)) return 0;
+    if ((data[0] & 2) != 0 ? mr::server::ParseCompletionRequest(json, sm, &req, &opts).has_value()
+                           : mr::server::ParseOpenAIRequest(json, sm, &req, &opts).has_value())
+      return 0;
   }
   mr::server::PreparedChat prepared;
   if (mr::server::PrepareChat(sm, std::move(req), &prepared)) return 0;
