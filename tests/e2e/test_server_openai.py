@@ -136,3 +136,12 @@ def test_frequency_and_presence_penalties(client):
         best = max(adjusted(a.token, a.logprob) for a in e.top_logprobs)
         assert adjusted(e.token, e.logprob) >= best - 1e-4, (e.token, [(a.token, a.logprob) for a in e.top_logprobs])
         counts[e.token] = counts.get(e.token, 0) + 1
+
+
+def test_text_completions_without_fim_tokens(client):
+    r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert r.object == "text_completion" and r.usage.completion_tokens >= 1
+    # SmolLM2's vocabulary has no fill-in-the-middle markers: a suffix is refused, not ignored.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="def f(", suffix=")", max_tokens=4)
+    assert "fill-in-the-middle" in e.value.body["message"]
