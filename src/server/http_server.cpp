@@ -369,52 +369,36 @@ struct HttpServer::Impl {
     res.SetContent(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
-  // Both OpenAI endpoints once parsed: prepare, submit, then stream or collect. `make` builds the
-  // response writer from the prompt's token count.
+  using OpenAIParser = std::optional<ApiError> (*)(const Json&, const ServedModel&, ChatRequest*, OpenAIOptions*);
+
+  // Both OpenAI endpoints: parse, prepare, submit, then stream or collect. `make(options,
+  // prompt tokens, echo)` builds the response writer once PrepareChat has checked the prompt
+  // (`echo`: the raw prompt when the request asked for it echoed; its ids are then in the vocabulary).
   template <typename MakeWriter>
-  void OpenAIGenerate(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count, ChatRequest chat,
-                      bool stream, MakeWriter make) {
+  void OpenAIGenerate(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count,
+                      OpenAIParser parse, MakeWriter make) {
+    LogLong(("POST " + req.path + " body").c_str(), req.body);
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
+    ChatRequest chat;
+    OpenAIOptions oopts;
+    if (auto e = parse(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
+    RawPrompt echo;
+    if (oopts.echo) echo = chat.raw;
     PreparedChat prepared;
     if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kOpenAI, *e);
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
     count->job = p->job;
-    auto w = make(n_prompt);
-    if (stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
+    auto w = make(oopts, n_prompt, echo);
+    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;
     if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
     SetTimingHeaders(last, res);
     w->Event(last);
     res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
-  }
-
-  void ChatCompletions(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
-    LogLong("POST /v1/chat/completions body", req.body);
-    Json body;
-    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
-    ChatRequest chat;
-    OpenAIOptions oopts;
-    if (auto e = ParseOpenAIRequest(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
-    OpenAIGenerate(req, res, std::move(count), std::move(chat), oopts.stream,
-                   [&](int64_t n_prompt) { return std::make_shared<OpenAIWriter>(oopts, n_prompt); });
-  }
-
-  void Completions(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
-    LogLong("POST /v1/completions body", req.body);
-    Json body;
-    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
-    ChatRequest chat;
-    OpenAIOptions oopts;
-    if (auto e = ParseCompletionRequest(body, sm, &chat, &oopts)) return SetError(res, Api::kOpenAI, *e);
-    RawPrompt echo;
-    if (oopts.echo) echo = chat.raw;
-    // Called once PrepareChat has checked the prompt (its ids are in the vocabulary).
-    OpenAIGenerate(req, res, std::move(count), std::move(chat), oopts.stream, [&](int64_t n_prompt) {
-      return std::make_shared<CompletionWriter>(
-          oopts, n_prompt, echo.ids.empty() ? echo.text : sm.model->tokenizer().Decode(echo.ids, /*render_special=*/false));
-    });
   }
 
   // GET /health: 200 with the engine's state when it accepts requests; 529 (overloaded, with
@@ -553,9 +537,18 @@ struct HttpServer::Impl {
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
     if (req.path == "/v1/completions") {
-      Completions(req, res, count);
+      OpenAIGenerate(
+          req, res, count, ParseCompletionRequest,
+          [&](const OpenAIOptions& o, int64_t n_prompt, const RawPrompt& echo) {
+            return std::make_shared<CompletionWriter>(
+                o, n_prompt,
+                echo.ids.empty() ? echo.text : sm.model->tokenizer().Decode(echo.ids, /*render_special=*/false));
+          });
     } else if (api == Api::kOpenAI) {
-      ChatCompletions(req, res, count);
+      OpenAIGenerate(req, res, count, ParseOpenAIRequest,
+                     [](const OpenAIOptions& o, int64_t n_prompt, const RawPrompt&) {
+                       return std::make_shared<OpenAIWriter>(o, n_prompt);
+                     });
     } else {
       Messages(req, res, false, count);
     }

@@ -43,14 +43,6 @@ std::optional<ApiError> ContentText(const Json& c, const ServedModel& sm, const 
   return std::nullopt;
 }
 
-// prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused (prefix cache).
-Json UsageJson(int64_t in, int64_t out, int64_t cached) {
-  return {{"prompt_tokens", in},
-          {"completion_tokens", out},
-          {"total_tokens", in + out},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-}
-
 const char* FinishName(FinishReason f) {
   switch (f) {
     case FinishReason::kMaxTokens:
@@ -60,23 +52,6 @@ const char* FinishName(FinishReason f) {
     default:
       return "stop";
   }
-}
-
-struct ChunkHead {
-  const std::string& id;
-  const char* object;
-  int64_t created;
-};
-
-// After the last choice chunk: the usage chunk (stream_options.include_usage) and [DONE].
-std::string StreamEnd(const OpenAIOptions& opts, const ChunkHead& h, const Json& usage) {
-  std::string out;
-  if (opts.include_usage) {
-    const Json u = {{"id", h.id},          {"object", h.object},       {"created", h.created},
-                    {"model", opts.model}, {"choices", Json::array()}, {"usage", usage}};
-    out += "data: " + Dump(u) + "\n\n";
-  }
-  return out + "data: [DONE]\n\n";
 }
 
 // The fields both OpenAI endpoints share: streaming, limits, stops and sampling.
@@ -312,11 +287,45 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   return std::nullopt;
 }
 
-OpenAIWriter::OpenAIWriter(OpenAIOptions opts, int64_t input_tokens)
+OpenAIWriterBase::OpenAIWriterBase(OpenAIOptions opts, const char* id_prefix, int64_t input_tokens)
     : opts_(std::move(opts)),
-      id_(RandomId("chatcmpl-")),
+      id_(RandomId(id_prefix)),
       created_(static_cast<int64_t>(std::time(nullptr))),
       input_tokens_(input_tokens) {}
+
+void OpenAIWriterBase::Note(const StreamEvent& ev) {
+  lp_pending_.insert(lp_pending_.end(), ev.logprobs.begin(), ev.logprobs.end());
+  if (ev.kind == StreamEvent::Kind::kStarted || ev.kind == StreamEvent::Kind::kDone)
+    cached_tokens_ = ev.cache_read_tokens;
+  if (ev.kind == StreamEvent::Kind::kDone) {
+    output_tokens_ = ev.output_tokens;
+    finish_ = FinishName(ev.finish);
+  }
+}
+
+Json OpenAIWriterBase::Usage() const {
+  return {{"prompt_tokens", input_tokens_},
+          {"completion_tokens", output_tokens_},
+          {"total_tokens", input_tokens_ + output_tokens_},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+}
+
+std::string OpenAIWriterBase::StreamEnd(const char* object) const {
+  std::string out;
+  if (opts_.include_usage) {
+    const Json u = {{"id", id_},
+                    {"object", object},
+                    {"created", created_},
+                    {"model", opts_.model},
+                    {"choices", Json::array()},
+                    {"usage", Usage()}};
+    out += "data: " + Dump(u) + "\n\n";
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+OpenAIWriter::OpenAIWriter(OpenAIOptions opts, int64_t input_tokens)
+    : OpenAIWriterBase(std::move(opts), "chatcmpl-", input_tokens) {}
 
 std::string OpenAIWriter::Chunk(Json delta, const Json& finish) {
   Json c = {
@@ -357,10 +366,9 @@ std::string OpenAIWriter::Start() {
 }
 
 std::string OpenAIWriter::Event(const StreamEvent& ev) {
-  lp_pending_.insert(lp_pending_.end(), ev.logprobs.begin(), ev.logprobs.end());
+  Note(ev);
   switch (ev.kind) {
     case StreamEvent::Kind::kStarted:
-      cached_tokens_ = ev.cache_read_tokens;
       return "";
     case StreamEvent::Kind::kText:
       content_ += ev.text;
@@ -379,12 +387,8 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
       delta_tc["index"] = tool_calls_.size() - 1;
       return Chunk({{"tool_calls", Json::array({delta_tc})}}, nullptr);
     }
-    case StreamEvent::Kind::kDone: {
-      output_tokens_ = ev.output_tokens;
-      cached_tokens_ = ev.cache_read_tokens;
-      finish_ = FinishName(ev.finish);
-      return Chunk(Json::object(), finish_) + StreamEnd(opts_, {id_, "chat.completion.chunk", created_}, Usage());
-    }
+    case StreamEvent::Kind::kDone:
+      return Chunk(Json::object(), finish_) + StreamEnd("chat.completion.chunk");
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
   }
@@ -406,10 +410,6 @@ Json OpenAIWriter::Completion() {
                          {"logprobs", opts_.logprobs ? Json{{"content", lp_content_}, {"refusal", nullptr}} : Json()},
                          {"finish_reason", finish_}}})},
           {"usage", Usage()}};
-}
-
-Json OpenAIWriter::Usage() const {
-  return UsageJson(input_tokens_, output_tokens_, cached_tokens_);
 }
 
 std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedModel& sm, ChatRequest* req,
@@ -459,10 +459,7 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
 }
 
 CompletionWriter::CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo)
-    : opts_(std::move(opts)),
-      id_(RandomId("cmpl-")),
-      created_(static_cast<int64_t>(std::time(nullptr))),
-      input_tokens_(input_tokens),
+    : OpenAIWriterBase(std::move(opts), "cmpl-", input_tokens),
       text_(std::move(echo)),
       lp_all_({{"tokens", Json::array()},
                {"token_logprobs", Json::array()},
@@ -509,10 +506,9 @@ std::string CompletionWriter::Start() {
 }
 
 std::string CompletionWriter::Event(const StreamEvent& ev) {
-  lp_pending_.insert(lp_pending_.end(), ev.logprobs.begin(), ev.logprobs.end());
+  Note(ev);
   switch (ev.kind) {
     case StreamEvent::Kind::kStarted:
-      cached_tokens_ = ev.cache_read_tokens;
       return "";
     case StreamEvent::Kind::kText:
     case StreamEvent::Kind::kReasoning:  // a raw prompt has no reasoning section: text either way
@@ -522,11 +518,7 @@ std::string CompletionWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kServerTool:
       return "";  // no tools on this endpoint
     case StreamEvent::Kind::kDone:
-      output_tokens_ = ev.output_tokens;
-      cached_tokens_ = ev.cache_read_tokens;
-      finish_ = FinishName(ev.finish);
-      return Chunk("", finish_) + StreamEnd(opts_, {id_, "text_completion", created_},
-                                            UsageJson(input_tokens_, output_tokens_, cached_tokens_));
+      return Chunk("", finish_) + StreamEnd("text_completion");
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
   }
@@ -543,7 +535,7 @@ Json CompletionWriter::Completion() {
                                     {"index", 0},
                                     {"logprobs", opts_.logprobs ? lp_all_ : Json()},
                                     {"finish_reason", finish_}}})},
-          {"usage", UsageJson(input_tokens_, output_tokens_, cached_tokens_)}};
+          {"usage", Usage()}};
 }
 
 }  // namespace mr::server

@@ -25,7 +25,29 @@ struct OpenAIOptions {
 std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,
                                            OpenAIOptions* opts);
 
-class OpenAIWriter {
+// What both OpenAI writers keep: the response's identity, its usage counts, its finish reason
+// and the log-probabilities no chunk has carried yet.
+class OpenAIWriterBase {
+ protected:
+  OpenAIWriterBase(OpenAIOptions opts, const char* id_prefix, int64_t input_tokens);
+  // Every event: its log-probabilities, and the counts of kStarted and kDone (kDone's finish).
+  void Note(const StreamEvent& ev);
+  // prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused (prefix cache).
+  nlohmann::ordered_json Usage() const;
+  // After the last choice chunk: the usage chunk (stream_options.include_usage) and [DONE].
+  std::string StreamEnd(const char* object) const;
+
+  OpenAIOptions opts_;
+  std::string id_;
+  int64_t created_ = 0;
+  int64_t input_tokens_ = 0;
+  int64_t output_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
+  std::string finish_;
+  std::vector<TokenLogprob> lp_pending_;  // not yet in a chunk
+};
+
+class OpenAIWriter : private OpenAIWriterBase {
  public:
   OpenAIWriter(OpenAIOptions opts, int64_t input_tokens);
   std::string Start();                       // the first chunk (role)
@@ -38,20 +60,10 @@ class OpenAIWriter {
   // when logprobs are off).
   nlohmann::ordered_json TakeLogprobs();
   nlohmann::ordered_json LogprobEntry(TokenId id, float logprob) const;
-  // prompt_tokens_details.cached_tokens: prompt tokens whose KV was reused (prefix cache).
-  nlohmann::ordered_json Usage() const;
 
-  OpenAIOptions opts_;
-  std::string id_;
-  int64_t created_ = 0;
-  int64_t input_tokens_ = 0;
-  int64_t output_tokens_ = 0;
-  int64_t cached_tokens_ = 0;
   std::string content_;
   std::string reasoning_;
   nlohmann::ordered_json tool_calls_ = nlohmann::ordered_json::array();
-  std::string finish_;
-  std::vector<TokenLogprob> lp_pending_;                                 // not yet in a chunk
   nlohmann::ordered_json lp_content_ = nlohmann::ordered_json::array();  // every token's (Completion)
 };
 
@@ -60,7 +72,7 @@ class OpenAIWriter {
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::ordered_json& body, const ServedModel& sm,
                                                ChatRequest* req, OpenAIOptions* opts);
 
-class CompletionWriter {
+class CompletionWriter : private OpenAIWriterBase {
  public:
   // `echo`: the prompt's text when the request asked for it (it opens the output), else "".
   CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo);
@@ -74,16 +86,8 @@ class CompletionWriter {
   // of the tokens since the last chunk; null when logprobs are off.
   nlohmann::ordered_json TakeLogprobs();
 
-  OpenAIOptions opts_;
-  std::string id_;
-  int64_t created_ = 0;
-  int64_t input_tokens_ = 0;
-  int64_t output_tokens_ = 0;
-  int64_t cached_tokens_ = 0;
   std::string text_;
-  std::string finish_;
-  int64_t offset_ = 0;  // characters before the next token (text_offset)
-  std::vector<TokenLogprob> lp_pending_;
+  int64_t offset_ = 0;             // characters before the next token (text_offset)
   nlohmann::ordered_json lp_all_;  // every token's, for Completion()
 };
 
