@@ -25,15 +25,22 @@
 namespace mr {
 
 // OpenAI-style adjustments of the model's logits, applied before everything else (then a grammar
-// constraint's mask, then SamplingParams' transforms):
-//   logit[t] += bias(t) - frequency_penalty * count(t) - presence_penalty * (count(t) > 0)
+// constraint's mask, then SamplingParams' transforms), in this order:
+//   logit[t] += bias(t)
+//   logit[t] = logit[t] > 0 ? logit[t] / repetition_penalty : logit[t] * repetition_penalty
+//              for every distinct t of the prompt and the output so far (CTRL's rule, as
+//              llama.cpp's repeat_penalty and vLLM's repetition_penalty apply it)
+//   logit[t] -= frequency_penalty * count(t) + presence_penalty * (count(t) > 0)
 // where count(t) is how often t occurs among the tokens generated so far (the prompt does not
 // count: vLLM's and OpenAI's reading of "the text so far").
 struct LogitAdjust {
   std::vector<std::pair<TokenId, float>> bias;  // ids within the vocabulary (the API layer checks)
+  float repetition_penalty = 1.0f;              // > 0; 1: off
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  bool active() const { return !bias.empty() || frequency_penalty != 0.0f || presence_penalty != 0.0f; }
+  bool active() const {
+    return !bias.empty() || repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
 };
 
 // One generated token's log-probability under the model: the log-softmax of the raw logits of

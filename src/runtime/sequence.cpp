@@ -85,6 +85,8 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   have_pending_ = false;
   last_emitted_ = -1;
   counts_.clear();
+  seen_.clear();
+  if (params.adjust.repetition_penalty != 1.0f) seen_.insert(prompt.begin(), prompt.end());
   step_ = StepKind::kNone;
   sampler_.set_params(params.sampling);
   rng_ = Rng(params.seeded ? params.seed : Rng::RandomSeed());
@@ -181,6 +183,18 @@ const float* Sequence::Adjusted(const float* logits, const TokenConstraint* c, s
   if (a.active()) {
     float* l = masked_.data();
     for (const auto& [t, b] : a.bias) l[t] += b;
+    if (a.repetition_penalty != 1.0f) {
+      const float rp = a.repetition_penalty;
+      auto penalize = [&](TokenId t) { l[t] = l[t] > 0.0f ? l[t] / rp : l[t] * rp; };
+      for (const TokenId t : seen_) penalize(t);
+      // A draft before this row is in the context too: once, unless already there.
+      for (size_t j = 0; j < drafts.size(); ++j) {
+        const TokenId t = drafts[j];
+        if (seen_.count(t) == 0 && std::find(drafts.begin(), drafts.begin() + static_cast<ptrdiff_t>(j), t) ==
+                                       drafts.begin() + static_cast<ptrdiff_t>(j))
+          penalize(t);
+      }
+    }
     if (a.frequency_penalty != 0.0f || a.presence_penalty != 0.0f) {
       for (const auto& [t, n] : counts_) l[t] -= a.frequency_penalty * static_cast<float>(n) + a.presence_penalty;
       // Each draft adds one occurrence: the presence penalty only where it is the first.
@@ -212,6 +226,7 @@ void Sequence::Emit(int64_t kv_before_run, const float* logits, int64_t row_stri
       last_emitted_ = t;
       if (params_.constraint) params_.constraint->Accept(t);
       if (params_.adjust.frequency_penalty != 0.0f || params_.adjust.presence_penalty != 0.0f) ++counts_[t];
+      if (params_.adjust.repetition_penalty != 1.0f) seen_.insert(t);
       if (params_.logprobs >= 0)
         ComputeLogprob(logits + static_cast<int64_t>(j) * row_stride, n_vocab, t, params_.logprobs, &logprob_);
       if (!on_token(t)) {

@@ -28,6 +28,7 @@
 #include <functional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
@@ -209,9 +210,11 @@ class Sequence {
   std::vector<float> masked_;
   std::vector<uint8_t> mask_;
   std::vector<TokenConstraint> row_constraints_;
-  // Occurrences of each generated token (LogitAdjust's penalties), and the emitted token's
+  // Occurrences of each generated token (LogitAdjust's frequency and presence penalties), the
+  // distinct tokens of prompt and output (its repetition penalty), and the emitted token's
   // log-probability (token_logprob).
   std::unordered_map<TokenId, int> counts_;
+  std::unordered_set<TokenId> seen_;
   TokenLogprob logprob_;
 };
 

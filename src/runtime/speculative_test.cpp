@@ -432,7 +432,7 @@ TEST_F(SpecGeneratorTest, SampledSpeculationRunsAndWarmUpCalibrates) {
   EXPECT_LE(st.accepted, st.drafted);
 }
 
-// OpenAI's logit bias and repetition penalties, greedy: a plain loop that applies them by hand
+// OpenAI's logit bias and penalties (and vLLM's repetition_penalty), greedy: a plain loop that applies them by hand
 // to the model's logits (an independent implementation) gives the tokens the Generator emits,
 // without a drafter and with every drafter (a verify row counts the drafts before it).
 std::vector<TokenId> GreedyAdjustedByHand(Model& m, const std::vector<TokenId>& prompt, int n, const LogitAdjust& a) {
@@ -444,6 +444,11 @@ std::vector<TokenId> GreedyAdjustedByHand(Model& m, const std::vector<TokenId>& 
   while (static_cast<int>(out.size()) < n) {
     std::vector<float> l = logits;
     for (const auto& [t, b] : a.bias) l[t] += b;
+    std::vector<TokenId> context = prompt;
+    context.insert(context.end(), out.begin(), out.end());
+    std::sort(context.begin(), context.end());
+    context.erase(std::unique(context.begin(), context.end()), context.end());
+    for (const TokenId t : context) l[t] = l[t] > 0 ? l[t] / a.repetition_penalty : l[t] * a.repetition_penalty;
     for (const auto& [t, c] : seen) l[t] -= a.frequency_penalty * c + (c > 0 ? a.presence_penalty : 0.0f);
     const TokenId t = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
     if (m.tokenizer().IsEndOfGeneration(t)) break;
@@ -464,26 +469,30 @@ TEST_F(SpecGeneratorTest, LogitBiasAndPenaltiesMatchAPlainLoopWithEveryDrafter) 
     gen.ResetCache();
     const auto plain = Collect(gen, prompt, Greedy(20, nullptr, 0, false));
     ASSERT_FALSE(plain.empty());
-    LogitAdjust a;
-    a.frequency_penalty = 1.5f;
-    a.presence_penalty = 0.5f;
-    a.bias = {{plain[0], -100.0f}};  // the unadjusted first choice is out
-    const auto want = GreedyAdjustedByHand(*model_, prompt, 20, a);
-    ASSERT_GE(want.size(), 10u) << text;
-    EXPECT_NE(want[0], plain[0]);
-    EXPECT_NE(std::vector<TokenId>(want.begin(), want.begin() + 10),
-              std::vector<TokenId>(plain.begin(), plain.begin() + 10))
-        << "the adjustments change the output";
-    for (Drafter* d : std::initializer_list<Drafter*>{nullptr, &ngram, self.value().get()}) {
-      for (int k : {3, 7}) {
-        if (d == nullptr && k == 7) continue;
-        gen.ResetCache();
-        GenerateParams p = Greedy(20, d, d == nullptr ? 0 : k, false);
-        p.adjust = a;
-        GenerateStats st;
-        EXPECT_EQ(Collect(gen, prompt, p, &st), want) << (d ? d->name() : "plain") << " k=" << k << ": " << text;
-        if (d == self.value().get()) {
-          EXPECT_GT(st.drafted, st.accepted) << "penalties reject the model's own drafts";
+    LogitAdjust penalties;
+    penalties.frequency_penalty = 1.5f;
+    penalties.presence_penalty = 0.5f;
+    penalties.bias = {{plain[0], -100.0f}};  // the unadjusted first choice is out
+    LogitAdjust repetition;                  // prompt tokens count too
+    repetition.repetition_penalty = 1.8f;
+    for (const LogitAdjust& a : {penalties, repetition}) {
+      const auto want = GreedyAdjustedByHand(*model_, prompt, 20, a);
+      ASSERT_GE(want.size(), 10u) << text;
+      if (!a.bias.empty()) EXPECT_NE(want[0], plain[0]);
+      EXPECT_NE(std::vector<TokenId>(want.begin(), want.begin() + 10),
+                std::vector<TokenId>(plain.begin(), plain.begin() + 10))
+          << "the adjustments change the output";
+      for (Drafter* d : std::initializer_list<Drafter*>{nullptr, &ngram, self.value().get()}) {
+        for (int k : {3, 7}) {
+          if (d == nullptr && k == 7) continue;
+          gen.ResetCache();
+          GenerateParams p = Greedy(20, d, d == nullptr ? 0 : k, false);
+          p.adjust = a;
+          GenerateStats st;
+          EXPECT_EQ(Collect(gen, prompt, p, &st), want) << (d ? d->name() : "plain") << " k=" << k << ": " << text;
+          if (d == self.value().get()) {
+            EXPECT_GT(st.drafted, st.accepted) << "penalties reject the model's own drafts";
+          }
         }
       }
     }
