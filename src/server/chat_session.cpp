@@ -266,6 +266,7 @@ std::optional<ApiError> SetGeneration(const ServedModel& sm, const ChatRequest& 
   if (req.temperature) s.temperature = *req.temperature;
   if (req.top_p) s.top_p = *req.top_p;
   if (req.top_k) s.top_k = *req.top_k;
+  if (req.min_p) s.min_p = *req.min_p;
   out->params.sampling = s;
   out->params.max_tokens = out->max_tokens;
   const int64_t n_vocab = sm.model->config().n_vocab;

@@ -86,9 +86,10 @@ struct ChatRequest {
   int64_t max_tokens = -1;  // -1: up to the context
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
+  std::optional<float> min_p;
   std::optional<uint64_t> seed;
-  LogitAdjust adjust;           // OpenAI logit_bias, frequency_penalty, presence_penalty (ids checked by PrepareChat)
-  int logprobs = -1;            // OpenAI logprobs (>= 0: on, with this many top_logprobs)
+  LogitAdjust adjust;  // OpenAI logit_bias, frequency/presence_penalty, repetition_penalty (ids checked by PrepareChat)
+  int logprobs = -1;   // OpenAI logprobs (>= 0: on, with this many top_logprobs)
   int64_t thinking_budget = 0;  // > 0: reasoning of at most this many tokens
   // Adaptive thinking: the model decides whether to reason (a section it opens itself at the
   // start of its answer, capped by thinking_budget); no instruction, no opened section.

@@ -124,6 +124,24 @@ std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOp
   if (auto e = OptObject(body, "metadata", "", &metadata)) return e;
   std::string user;
   if (auto e = OptString(body, "user", "", &user)) return e;
+  // vLLM's and llama.cpp's extensions, which OpenAI clients such as Open WebUI send.
+  if (body.contains("top_k") && !body["top_k"].is_null()) {
+    if (!body["top_k"].is_number_integer() || body["top_k"].get<int64_t>() < -1 ||
+        body["top_k"].get<int64_t>() > INT32_MAX)
+      return InvalidRequest("top_k: expected an integer >= -1 (-1 or 0: off)");
+    req->top_k = static_cast<int>(std::max<int64_t>(body["top_k"].get<int64_t>(), 0));
+  }
+  if (body.contains("min_p") && !body["min_p"].is_null()) {
+    if (!body["min_p"].is_number() || body["min_p"].get<double>() < 0 || body["min_p"].get<double>() > 1)
+      return InvalidRequest("min_p: expected a number between 0 and 1");
+    req->min_p = body["min_p"].get<float>();
+  }
+  for (const char* key : {"repetition_penalty", "repeat_penalty"}) {
+    if (!body.contains(key) || body[key].is_null()) continue;
+    if (!body[key].is_number() || body[key].get<double>() <= 0 || body[key].get<double>() > 10)
+      return InvalidRequest(std::string(key) + ": expected a number in (0, 10] (1: off)");
+    req->adjust.repetition_penalty = body[key].get<float>();
+  }
   for (const char* key : {"frequency_penalty", "presence_penalty"}) {
     if (!body.contains(key) || body[key].is_null()) continue;
     if (!body[key].is_number() || body[key].get<double>() < -2 || body[key].get<double>() > 2)

@@ -1250,7 +1250,7 @@ TEST(OpenAIParse, CompletionsPromptShapesAndWrongTypes) {
   const Json base = Json::parse(R"({"model": "m", "prompt": "x", "suffix": "y", "max_tokens": 5, "stream": true,
     "stream_options": {"include_usage": true}, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "n": 1,
     "best_of": 1, "echo": false, "logprobs": 2, "user": "u", "logit_bias": {"5": 1}, "frequency_penalty": 0.5,
-    "presence_penalty": 0})");
+    "presence_penalty": 0, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1})");
   auto parse = [](const Json& b, ChatRequest* r = nullptr, OpenAIOptions* o = nullptr) {
     ChatRequest rr;
     OpenAIOptions oo;
@@ -1266,6 +1266,9 @@ TEST(OpenAIParse, CompletionsPromptShapesAndWrongTypes) {
   EXPECT_EQ(r.logprobs, 2);
   EXPECT_TRUE(o.logprobs && o.stream && o.include_usage && !o.echo);
   EXPECT_FLOAT_EQ(r.adjust.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.adjust.repetition_penalty, 1.1f);
+  EXPECT_EQ(r.top_k.value_or(-1), 5);
+  EXPECT_FLOAT_EQ(r.min_p.value_or(-1.0f), 0.05f);
   ASSERT_EQ(r.adjust.bias.size(), 1u);
   EXPECT_EQ(r.adjust.bias[0].first, 5);
   const int refused = TypeBattery(base, [&](const Json& b) { return parse(b).has_value(); });

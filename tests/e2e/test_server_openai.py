@@ -145,3 +145,27 @@ def test_text_completions_without_fim_tokens(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="m", prompt="def f(", suffix=")", max_tokens=4)
     assert "fill-in-the-middle" in e.value.body["message"]
+
+
+def test_vllm_sampling_extensions(client, server):
+    """top_k, min_p and repetition_penalty (vLLM's and llama.cpp's extensions) act: top_k=1 and
+    min_p=1 leave only the most likely token, so hot sampling gives the greedy text whatever the
+    seed; a repetition penalty changes a repetitive answer."""
+    greedy = client.chat.completions.create(model="m", messages=MSGS, max_tokens=20, temperature=0)
+    hot = dict(model="m", messages=MSGS, max_tokens=20, temperature=1.5)
+    sampled = {client.chat.completions.create(**hot, seed=s).choices[0].message.content for s in (1, 2, 3)}
+    assert sampled != {greedy.choices[0].message.content}  # hot sampling alone is not greedy
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        for s in (1, 2):
+            r = client.chat.completions.create(**hot, seed=s, extra_body=extra)
+            assert r.choices[0].message.content == greedy.choices[0].message.content, extra
+    msgs = [{"role": "user", "content": "Write the word 'hello' ten times."}]
+    plain = client.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0).choices[0].message.content
+    for key in ("repetition_penalty", "repeat_penalty"):
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=30, temperature=0, extra_body={key: 2.0})
+        text = r.choices[0].message.content
+        assert text != plain and text.lower().count("hello") < plain.lower().count("hello"), (plain, text)
+    for bad in ({"top_k": -2}, {"min_p": 1.5}, {"repetition_penalty": 0}, {"top_k": "1"}):
+        resp = requests.post(server.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer " + KEY},
+                             json={"model": "m", "messages": MSGS, **bad})
+        assert resp.status_code == 400 and list(bad)[0] in resp.json()["error"]["message"]
