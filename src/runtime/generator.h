@@ -52,6 +52,7 @@ class Generator {
   void ResetCache() { seq_.ResetCache(); }
   // During on_token, with params.logprobs >= 0: the token's log-probability (Sequence's).
   const TokenLogprob* token_logprob() const { return seq_.token_logprob(); }
+  const std::vector<TokenLogprob>& prompt_logprobs() const { return seq_.prompt_logprobs(); }
 
  private:
   Sequence seq_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "runtime/prefix_cache.h"
@@ -65,11 +66,13 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   // Keep the longest common prefix with what the cache holds, but evaluate at least the last
   // prompt token: its logits start the decode.
   int64_t keep = 0;
-  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(tokens_.size()), n_prompt - 1);
+  // Prompt log-probabilities need every row's logits: nothing is reused.
+  const int64_t limit =
+      params.prompt_logprobs >= 0 ? 0 : std::min<int64_t>(static_cast<int64_t>(tokens_.size()), n_prompt - 1);
   while (keep < limit && tokens_[keep] == prompt[keep]) ++keep;
   kv_.n_past = keep;
   tokens_.resize(static_cast<size_t>(keep));
-  if (cache_ != nullptr) {
+  if (cache_ != nullptr && params.prompt_logprobs < 0) {
     const int64_t got = cache_->Restore(prompt, n_prompt - 1, keep, kv_);
     if (got > keep) {
       stats_.cache_restored = got - keep;
@@ -86,6 +89,9 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   last_emitted_ = -1;
   counts_.clear();
   seen_.clear();
+  prompt_logprobs_.clear();
+  if (params.prompt_logprobs >= 0)  // the first token has no row before it: no value
+    prompt_logprobs_.push_back({prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
   if (params.adjust.repetition_penalty != 1.0f) seen_.insert(prompt.begin(), prompt.end());
   step_ = StepKind::kNone;
   sampler_.set_params(params.sampling);
@@ -129,10 +135,12 @@ Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
       Finish(StopCause::kContextFull);
       return r;
     }
-    step_n_ = std::min({max_rows, prefill_left(), kv_.n_ctx - kv_.n_past});
+    const bool all = params_.prompt_logprobs >= 0 && !decode_started_;  // the prompt's rows, not injections
+    step_n_ = std::min({max_rows, prefill_left(), kv_.n_ctx - kv_.n_past, all ? kPromptLogprobRows : INT64_MAX});
     step_ = StepKind::kPrefill;
     r.tokens = feed_.data() + feed_pos_;
     r.n = step_n_;
+    r.all_logits = all;
     t_forward_ = Clock::now();
     return r;
   }
@@ -258,6 +266,15 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
     case StepKind::kNone:
       return Internal("Sequence::Consume without a step in flight");
     case StepKind::kPrefill: {
+      if (params_.prompt_logprobs >= 0 && !decode_started_) {
+        // Row i predicts the prompt token after it; the last prompt row predicts the output.
+        for (int64_t i = 0; i < step_n_ && feed_pos_ + i + 1 < static_cast<int64_t>(feed_.size()); ++i) {
+          prompt_logprobs_.emplace_back();
+          ComputeLogprob(logits + i * n_vocab, n_vocab, feed_[static_cast<size_t>(feed_pos_ + i + 1)],
+                         params_.prompt_logprobs, &prompt_logprobs_.back());
+        }
+        logits += (step_n_ - 1) * n_vocab;  // the last row, for sampling below
+      }
       tokens_.insert(tokens_.end(), feed_.begin() + feed_pos_, feed_.begin() + feed_pos_ + step_n_);
       feed_pos_ += step_n_;
       if (prefilling()) return Status::Ok();

@@ -69,7 +69,15 @@ struct GenerateParams {
   // >= 0: each emitted token's log-probability and this many alternatives (TokenLogprob),
   // readable through Sequence::token_logprob() while on_token runs.
   int logprobs = -1;
+  // >= 0: the log-probability of every prompt token under the model (and this many
+  // alternatives; the first token has none: NaN, no alternatives), from all rows of the prefill (no KV reused, prefill
+  // in chunks of at most kPromptLogprobRows rows so the logits stay small); read with Sequence::prompt_logprobs().
+  int prompt_logprobs = -1;
 };
+
+// Rows per prefill Forward when prompt log-probabilities are wanted (the logits of every row are
+// kept: 64 x 152k floats = 39 MB for Qwen's vocabulary).
+inline constexpr int64_t kPromptLogprobRows = 64;
 
 enum class StopCause {
   kEndOfGeneration,  // the model produced an end-of-generation token (not reported to on_token)
@@ -152,6 +160,9 @@ class Sequence {
   }
   // During on_token, with params.logprobs >= 0: the emitted token's log-probability (else null).
   const TokenLogprob* token_logprob() const { return params_.logprobs >= 0 ? &logprob_ : nullptr; }
+  // With params.prompt_logprobs >= 0: one entry per prompt token (the first's value NaN), filled
+  // as the prefill goes (complete once decoding starts).
+  const std::vector<TokenLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
   // Frees the KV memory (the cache is then empty).
   void ReleaseCache();
   const CostController& controller() const { return controller_; }
@@ -215,6 +226,7 @@ class Sequence {
   // log-probability (token_logprob).
   std::unordered_map<TokenId, int> counts_;
   std::unordered_set<TokenId> seen_;
+  std::vector<TokenLogprob> prompt_logprobs_;
   TokenLogprob logprob_;
 };
 

@@ -499,6 +499,42 @@ TEST_F(SpecGeneratorTest, LogitBiasAndPenaltiesMatchAPlainLoopWithEveryDrafter) 
   }
 }
 
+// Prompt log-probabilities: every prompt token after the first gets the log-softmax of the row
+// before it, across prefill chunks (more than kPromptLogprobRows tokens), and again when the
+// same prompt comes back (its KV would otherwise be reused and its rows never computed).
+TEST_F(SpecGeneratorTest, PromptLogprobsAreEveryPromptRowsLogSoftmax) {
+  Generator gen(*model_, 512);
+  std::string text;
+  for (int i = 0; i < 4; ++i) text += std::string(kPrompts[i]) + " ";
+  const auto prompt = model_->tokenizer().Encode(text, true, false);
+  ASSERT_GT(static_cast<int64_t>(prompt.size()), kPromptLogprobRows + 8);
+  const int64_t n_vocab = model_->config().n_vocab;
+  KvCache kv = model_->NewKvCache(512);
+  std::vector<float> logits(prompt.size() * static_cast<size_t>(n_vocab));
+  ASSERT_TRUE(model_->Forward(kv, prompt.data(), static_cast<int64_t>(prompt.size()), true, logits.data()).ok());
+  for (int round = 0; round < 2; ++round) {
+    GenerateParams p = Greedy(2, nullptr, 0, false);
+    p.prompt_logprobs = 3;
+    GenerateStats st;
+    Collect(gen, prompt, p, &st);
+    EXPECT_EQ(st.reused_tokens, 0) << "round " << round;
+    const std::vector<TokenLogprob>& lps = gen.prompt_logprobs();
+    ASSERT_EQ(lps.size(), prompt.size()) << "round " << round;
+    EXPECT_EQ(lps[0].id, prompt[0]);
+    EXPECT_TRUE(std::isnan(lps[0].logprob) && lps[0].top.empty());
+    for (size_t j = 1; j < prompt.size(); ++j) {
+      const float* row = logits.data() + (j - 1) * static_cast<size_t>(n_vocab);
+      double mx = row[0], z = 0.0;
+      for (int64_t i = 1; i < n_vocab; ++i) mx = std::max<double>(mx, row[i]);
+      for (int64_t i = 0; i < n_vocab; ++i) z += std::exp(row[i] - mx);
+      EXPECT_EQ(lps[j].id, prompt[j]);
+      EXPECT_NEAR(lps[j].logprob, row[prompt[j]] - mx - std::log(z), 0.05) << "prompt token " << j;
+      ASSERT_EQ(lps[j].top.size(), 3u);
+      EXPECT_GE(lps[j].top[0].second, lps[j].logprob);
+    }
+  }
+}
+
 // logprobs: each emitted token's value is the log-softmax of its row, the same as a separate
 // all-rows pass over prompt + output computes (within the fast path's rounding between row
 // counts), whether it came from a plain step or a verify; the alternatives are sorted and
