@@ -276,6 +276,7 @@ std::optional<ApiError> SetGeneration(const ServedModel& sm, const ChatRequest& 
                             std::to_string(n_vocab - 1) + ")");
   out->params.adjust = req.adjust;
   out->params.logprobs = req.logprobs;
+  out->params.prompt_logprobs = req.prompt_logprobs;
   if (req.seed) {
     out->params.seed = *req.seed;
     out->params.seeded = true;
@@ -558,6 +559,7 @@ struct Session {
     }
     ev.kind = StreamEvent::Kind::kDone;
     ev.logprobs = std::move(logprobs);
+    ev.prompt_logprobs = r->prompt_logprobs;
     ev.input_tokens = r->prompt_tokens;
     ev.output_tokens = r->output_tokens;
     ev.cache_read_tokens = r->cache_read_tokens;

@@ -90,6 +90,7 @@ struct ChatRequest {
   std::optional<uint64_t> seed;
   LogitAdjust adjust;  // OpenAI logit_bias, frequency/presence_penalty, repetition_penalty (ids checked by PrepareChat)
   int logprobs = -1;   // OpenAI logprobs (>= 0: on, with this many top_logprobs)
+  int prompt_logprobs = -1;     // /v1/completions echo + logprobs: the prompt's too
   int64_t thinking_budget = 0;  // > 0: reasoning of at most this many tokens
   // Adaptive thinking: the model decides whether to reason (a section it opens itself at the
   // start of its answer, capped by thinking_budget); no instruction, no opened section.
@@ -184,6 +185,8 @@ struct StreamEvent {
   // With logprobs requested: the log-probabilities of the tokens generated since the previous
   // event (kText, kReasoning, kToolCall, kServerTool, or kDone for those no event showed).
   std::vector<TokenLogprob> logprobs;
+  // kDone, when the request asked for them: one per prompt token (the first's value NaN).
+  std::vector<TokenLogprob> prompt_logprobs;
   nlohmann::ordered_json server_result;  // kServerTool: the tool_search_tool_result's content
   // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;

@@ -523,6 +523,7 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release, bool c
   r.accepted_at = st.accepted_at;
   r.peak_rss_bytes = s.peak_rss;
   r.kv_peak_bytes = s.peak_kv;
+  if (job->params.prompt_logprobs >= 0) r.prompt_logprobs = s.seq.prompt_logprobs();
   // VmHWM is updated lazily by the kernel and can trail a sample of the resident size by a
   // few hundred KB: the high-water mark reported is never below what was sampled.
   r.process_peak_rss_bytes = std::max(ResidentPeakBytes(), s.peak_rss);

@@ -65,6 +65,7 @@ struct JobResult {
   uint64_t peak_rss_bytes = 0;
   uint64_t kv_peak_bytes = 0;
   uint64_t process_peak_rss_bytes = 0;
+  std::vector<TokenLogprob> prompt_logprobs;  // with params.prompt_logprobs >= 0 (Sequence's)
 };
 
 struct EngineJob {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <ctime>
 
 #include "server/request_fields.h"
@@ -66,8 +67,10 @@ std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOp
     if (auto e = OptBool(*stream_options, "include_usage", "stream_options", &opts->include_usage)) return e;
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     if (body.contains(key) && !body[key].is_null()) {
-      if (!body[key].is_number_integer() || body[key].get<int64_t>() < 1)
-        return InvalidRequest(std::string(key) + ": expected an integer >= 1");
+      // 0 only where the prompt's echo is the answer (/v1/completions scoring a text).
+      const int64_t least = opts->echo ? 0 : 1;
+      if (!body[key].is_number_integer() || body[key].get<int64_t>() < least)
+        return InvalidRequest(std::string(key) + ": expected an integer >= " + std::to_string(least));
       req->max_tokens = body[key].get<int64_t>();
       break;
     }
@@ -460,17 +463,20 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
     req->raw.suffix = body["suffix"].get<std::string>();
   }
   req->max_tokens = 16;  // the API's default
-  if (auto e = ParseCommon(body, req, opts)) return e;
   if (auto e = OptBool(body, "echo", "", &opts->echo)) return e;
+  if (auto e = ParseCommon(body, req, opts)) return e;
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
     return InvalidRequest("best_of: only 1 is supported");
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     const Json& l = body["logprobs"];
     if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20)
       return InvalidRequest("logprobs: expected an integer between 0 and 20 (alternatives per token)");
-    if (opts->echo) return InvalidRequest("logprobs: not with echo (this server does not score the prompt's tokens)");
     opts->logprobs = true;
     req->logprobs = static_cast<int>(l.get<int64_t>());
+    if (opts->echo) {  // the prompt's tokens are scored too (a whole, unstreamed answer)
+      if (opts->stream) return InvalidRequest("logprobs with echo: not streamed; send stream: false");
+      req->prompt_logprobs = req->logprobs;
+    }
     if (sm.model != nullptr) opts->tokenizer = &sm.model->tokenizer();
   }
   return std::nullopt;
@@ -519,6 +525,30 @@ Json CompletionWriter::TakeLogprobs() {
   return lp;
 }
 
+void CompletionWriter::AddPromptLogprobs(const std::vector<TokenLogprob>& prompt) {
+  if (!opts_.logprobs || opts_.tokenizer == nullptr) return;
+  Json lp = {{"tokens", Json::array()},
+             {"token_logprobs", Json::array()},
+             {"top_logprobs", Json::array()},
+             {"text_offset", Json::array()}};
+  int64_t offset = 0;  // the echoed text's characters (a control token such as BOS adds none)
+  for (const TokenLogprob& t : prompt) {
+    const bool first = std::isnan(t.logprob);
+    Json top = Json::object();
+    for (const auto& [id, l] : t.top) top[opts_.tokenizer->TokenToPiece(id, /*render_special=*/true)] = l;
+    lp["tokens"].push_back(opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/true));
+    lp["token_logprobs"].push_back(first ? Json() : Json(t.logprob));
+    lp["top_logprobs"].push_back(first ? Json() : std::move(top));
+    lp["text_offset"].push_back(offset);
+    for (const unsigned char c : opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/false))
+      offset += (c & 0xC0) != 0x80;
+  }
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const Json& x : lp_all_[k]) lp[k].push_back(x);
+    lp_all_[k] = std::move(lp[k]);
+  }
+}
+
 std::string CompletionWriter::Start() {
   return text_.empty() ? "" : Chunk(text_, nullptr);
 }
@@ -536,6 +566,7 @@ std::string CompletionWriter::Event(const StreamEvent& ev) {
     case StreamEvent::Kind::kServerTool:
       return "";  // no tools on this endpoint
     case StreamEvent::Kind::kDone:
+      if (!ev.prompt_logprobs.empty()) AddPromptLogprobs(ev.prompt_logprobs);
       return Chunk("", finish_) + StreamEnd("text_completion");
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";

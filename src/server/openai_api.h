@@ -85,6 +85,8 @@ class CompletionWriter : private OpenAIWriterBase {
   // choices[].logprobs in the legacy shape ({tokens, token_logprobs, top_logprobs, text_offset})
   // of the tokens since the last chunk; null when logprobs are off.
   nlohmann::ordered_json TakeLogprobs();
+  // echo with logprobs: the prompt's entries (kDone's prompt_logprobs) go before the output's.
+  void AddPromptLogprobs(const std::vector<TokenLogprob>& prompt);
 
   std::string text_;
   int64_t offset_ = 0;             // characters before the next token (text_offset)

@@ -69,6 +69,33 @@ def test_defaults_and_stop(client):
     assert "\n" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, mererun_bin):
+    """lm-evaluation-harness's loglikelihood request: the prompt's tokens with their log-probabilities.
+    Each value is checked against an independent request: the prompt cut before that token, sent as
+    token ids, whose one generated token's alternatives list the same token with the same value."""
+    ids = tokenize(mererun_bin, PROMPT)
+    r = client.completions.create(model="m", prompt=PROMPT, echo=True, logprobs=5, max_tokens=0, temperature=0)
+    c = r.choices[0]
+    assert c.text == PROMPT and r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    lp = c.logprobs
+    assert len(lp.tokens) == len(ids) and "".join(lp.tokens) == PROMPT
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+    checked = 0
+    for j in range(1, len(ids)):
+        assert lp.token_logprobs[j] <= 0 and len(lp.top_logprobs[j]) == 5
+        one = client.completions.create(model="m", prompt=ids[:j], max_tokens=1, temperature=0, logprobs=20)
+        alternatives = one.choices[0].logprobs.top_logprobs[0]
+        if lp.tokens[j] in alternatives:
+            assert math.isclose(alternatives[lp.tokens[j]], lp.token_logprobs[j], abs_tol=0.05), j
+            checked += 1
+    assert checked >= len(ids) // 2
+    # With a generated token (what the harness sends): the prompt's entries, then the output's.
+    g = client.completions.create(model="m", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0).choices[0]
+    assert len(g.logprobs.tokens) == len(ids) + 1 and g.text == PROMPT + g.logprobs.tokens[-1]
+    assert [round(x, 3) for x in g.logprobs.token_logprobs[1:-1]] == [round(x, 3) for x in lp.token_logprobs[1:]]
+
+
 def test_prefix_cache_serves_a_repeated_prompt(client):
     prompt = "import os\n" * 200
     first = client.completions.create(model="m", prompt=prompt, max_tokens=2, temperature=0)
@@ -101,7 +128,8 @@ def test_prompt_text_never_becomes_control_tokens(client, mererun_bin):
     ({"prompt": [10**9], "echo": True}, "outside the vocabulary"),  # checked before the echo decodes it
     ({"prompt": [1, "a"]}, "prompt:"),
     ({}, "prompt: field required"),
-    ({"prompt": "a", "echo": True, "logprobs": 1}, "logprobs: not with echo"),
+    ({"prompt": "a", "echo": True, "logprobs": 1, "stream": True}, "logprobs with echo: not streamed"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens: expected an integer >= 1"),
     ({"prompt": "a", "logprobs": 21}, "logprobs:"),
     ({"prompt": "a", "best_of": 2}, "best_of"),
     ({"prompt": [1, 2], "suffix": "x"}, "suffix: not with a token-array prompt"),
