@@ -190,27 +190,26 @@ const float* Sequence::Adjusted(const float* logits, const TokenConstraint* c, s
   masked_.assign(logits, logits + n_vocab);
   if (a.active()) {
     float* l = masked_.data();
+    // drafts[j] also occurs among the drafts before it.
+    auto repeats_draft = [&](size_t j) {
+      const auto before = drafts.begin() + static_cast<ptrdiff_t>(j);
+      return std::find(drafts.begin(), before, drafts[j]) != before;
+    };
     for (const auto& [t, b] : a.bias) l[t] += b;
     if (a.repetition_penalty != 1.0f) {
       const float rp = a.repetition_penalty;
       auto penalize = [&](TokenId t) { l[t] = l[t] > 0.0f ? l[t] / rp : l[t] * rp; };
       for (const TokenId t : seen_) penalize(t);
       // A draft before this row is in the context too: once, unless already there.
-      for (size_t j = 0; j < drafts.size(); ++j) {
-        const TokenId t = drafts[j];
-        if (seen_.count(t) == 0 && std::find(drafts.begin(), drafts.begin() + static_cast<ptrdiff_t>(j), t) ==
-                                       drafts.begin() + static_cast<ptrdiff_t>(j))
-          penalize(t);
-      }
+      for (size_t j = 0; j < drafts.size(); ++j)
+        if (seen_.count(drafts[j]) == 0 && !repeats_draft(j)) penalize(drafts[j]);
     }
     if (a.frequency_penalty != 0.0f || a.presence_penalty != 0.0f) {
       for (const auto& [t, n] : counts_) l[t] -= a.frequency_penalty * static_cast<float>(n) + a.presence_penalty;
       // Each draft adds one occurrence: the presence penalty only where it is the first.
       for (size_t j = 0; j < drafts.size(); ++j) {
-        const TokenId t = drafts[j];
-        const bool seen = counts_.count(t) > 0 || std::find(drafts.begin(), drafts.begin() + static_cast<ptrdiff_t>(j),
-                                                            t) != drafts.begin() + static_cast<ptrdiff_t>(j);
-        l[t] -= a.frequency_penalty + (seen ? 0.0f : a.presence_penalty);
+        const bool seen = counts_.count(drafts[j]) > 0 || repeats_draft(j);
+        l[drafts[j]] -= a.frequency_penalty + (seen ? 0.0f : a.presence_penalty);
       }
     }
   }

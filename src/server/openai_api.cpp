@@ -55,6 +55,35 @@ const char* FinishName(FinishReason f) {
   }
 }
 
+// The legacy (text completions) logprobs object: parallel arrays, one entry per token.
+constexpr const char* kLegacyLogprobKeys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+
+Json EmptyLegacyLogprobs() {
+  Json lp = Json::object();
+  for (const char* k : kLegacyLogprobKeys) lp[k] = Json::array();
+  return lp;
+}
+
+// Characters (Unicode code points) in UTF-8 bytes: text_offset's unit.
+int64_t Utf8Chars(std::string_view s) {
+  int64_t n = 0;
+  for (const unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// One token's entry at text offset `*offset`, which then moves past the token's text as the
+// output shows it (a control token adds none). A NaN logprob (a prompt's first token) is null.
+void AppendLegacyLogprob(const Tokenizer& tok, const TokenLogprob& t, int64_t* offset, Json* lp) {
+  const bool none = std::isnan(t.logprob);
+  Json top = Json::object();
+  for (const auto& [id, l] : t.top) top[tok.TokenToPiece(id, /*render_special=*/true)] = l;
+  (*lp)["tokens"].push_back(tok.TokenToPiece(t.id, /*render_special=*/true));
+  (*lp)["token_logprobs"].push_back(none ? Json() : Json(t.logprob));
+  (*lp)["top_logprobs"].push_back(none ? Json() : std::move(top));
+  (*lp)["text_offset"].push_back(*offset);
+  *offset += Utf8Chars(tok.TokenToPiece(t.id, /*render_special=*/false));
+}
+
 // The fields both OpenAI endpoints share: streaming, limits, stops and sampling.
 std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
   if (body.contains("stream") && !body["stream"].is_null()) {
@@ -485,12 +514,8 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
 CompletionWriter::CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo)
     : OpenAIWriterBase(std::move(opts), "cmpl-", input_tokens),
       text_(std::move(echo)),
-      lp_all_({{"tokens", Json::array()},
-               {"token_logprobs", Json::array()},
-               {"top_logprobs", Json::array()},
-               {"text_offset", Json::array()}}) {
-  for (const unsigned char c : text_) offset_ += (c & 0xC0) != 0x80;
-}
+      offset_(Utf8Chars(text_)),
+      lp_all_(EmptyLegacyLogprobs()) {}
 
 std::string CompletionWriter::Chunk(const std::string& text, const Json& finish) {
   const Json c = {
@@ -505,45 +530,20 @@ std::string CompletionWriter::Chunk(const std::string& text, const Json& finish)
 
 Json CompletionWriter::TakeLogprobs() {
   if (!opts_.logprobs || opts_.tokenizer == nullptr) return nullptr;
-  Json lp = {{"tokens", Json::array()},
-             {"token_logprobs", Json::array()},
-             {"top_logprobs", Json::array()},
-             {"text_offset", Json::array()}};
-  for (const TokenLogprob& t : lp_pending_) {
-    const std::string piece = opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/true);
-    Json top = Json::object();
-    for (const auto& [id, l] : t.top) top[opts_.tokenizer->TokenToPiece(id, /*render_special=*/true)] = l;
-    lp["tokens"].push_back(piece);
-    lp["token_logprobs"].push_back(t.logprob);
-    lp["top_logprobs"].push_back(std::move(top));
-    lp["text_offset"].push_back(offset_);
-    for (const unsigned char c : piece) offset_ += (c & 0xC0) != 0x80;
-  }
+  Json lp = EmptyLegacyLogprobs();
+  for (const TokenLogprob& t : lp_pending_) AppendLegacyLogprob(*opts_.tokenizer, t, &offset_, &lp);
   lp_pending_.clear();
-  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+  for (const char* k : kLegacyLogprobKeys)
     for (const Json& x : lp[k]) lp_all_[k].push_back(x);
   return lp;
 }
 
 void CompletionWriter::AddPromptLogprobs(const std::vector<TokenLogprob>& prompt) {
   if (!opts_.logprobs || opts_.tokenizer == nullptr) return;
-  Json lp = {{"tokens", Json::array()},
-             {"token_logprobs", Json::array()},
-             {"top_logprobs", Json::array()},
-             {"text_offset", Json::array()}};
-  int64_t offset = 0;  // the echoed text's characters (a control token such as BOS adds none)
-  for (const TokenLogprob& t : prompt) {
-    const bool first = std::isnan(t.logprob);
-    Json top = Json::object();
-    for (const auto& [id, l] : t.top) top[opts_.tokenizer->TokenToPiece(id, /*render_special=*/true)] = l;
-    lp["tokens"].push_back(opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/true));
-    lp["token_logprobs"].push_back(first ? Json() : Json(t.logprob));
-    lp["top_logprobs"].push_back(first ? Json() : std::move(top));
-    lp["text_offset"].push_back(offset);
-    for (const unsigned char c : opts_.tokenizer->TokenToPiece(t.id, /*render_special=*/false))
-      offset += (c & 0xC0) != 0x80;
-  }
-  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+  Json lp = EmptyLegacyLogprobs();
+  int64_t offset = 0;  // the prompt opens the echoed text
+  for (const TokenLogprob& t : prompt) AppendLegacyLogprob(*opts_.tokenizer, t, &offset, &lp);
+  for (const char* k : kLegacyLogprobKeys) {
     for (const Json& x : lp_all_[k]) lp[k].push_back(x);
     lp_all_[k] = std::move(lp[k]);
   }
