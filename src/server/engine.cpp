@@ -418,7 +418,11 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   s->submitted = submitted;
   s->got_token = false;
   GenerateParams params = s->job->params;
-  if (s->drafter != nullptr && params.spec.drafter == nullptr) {
+  // A seeded sampled request decodes without drafts, so its seed gives the same text under any
+  // load: the draft length of each step follows measured timings, and a verify step draws other
+  // random numbers than a plain one (the same law, another realization).
+  const bool reproducible = params.seeded && !params.sampling.greedy();
+  if (s->drafter != nullptr && params.spec.drafter == nullptr && !reproducible) {
     params.spec.drafter = s->drafter.get();
     params.spec.draft_tokens = opts.draft_tokens;
     params.spec.adaptive = opts.draft_adaptive;

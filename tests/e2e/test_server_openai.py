@@ -169,3 +169,16 @@ def test_vllm_sampling_extensions(client, server):
         resp = requests.post(server.base_url + "/v1/chat/completions", headers={"Authorization": "Bearer " + KEY},
                              json={"model": "m", "messages": MSGS, **bad})
         assert resp.status_code == 400 and list(bad)[0] in resp.json()["error"]["message"]
+
+
+def test_seeded_sampling_does_not_draft(server):
+    """A seed must give the same text under any load: speculative draft lengths follow timing, so a
+    seeded sampled request decodes plainly (x-mererun-draft-tokens 0) while an unseeded one drafts."""
+    body = {"model": "m", "max_tokens": 48, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "Repeat exactly: a b c d e f g h a b c d e f g h a b c d e f g h"}]}
+    headers = {"Authorization": "Bearer " + KEY}
+    url = server.base_url + "/v1/chat/completions"
+    seeded = requests.post(url, headers=headers, json={**body, "seed": 7})
+    assert seeded.status_code == 200 and seeded.headers["x-mererun-draft-tokens"] == "0"
+    drafted = sum(int(requests.post(url, headers=headers, json=body).headers["x-mererun-draft-tokens"]) for _ in range(3))
+    assert drafted > 0
