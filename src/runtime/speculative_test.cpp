@@ -478,7 +478,9 @@ TEST_F(SpecGeneratorTest, LogitBiasAndPenaltiesMatchAPlainLoopWithEveryDrafter) 
     for (const LogitAdjust& a : {penalties, repetition}) {
       const auto want = GreedyAdjustedByHand(*model_, prompt, 20, a);
       ASSERT_GE(want.size(), 10u) << text;
-      if (!a.bias.empty()) EXPECT_NE(want[0], plain[0]);
+      if (!a.bias.empty()) {
+        EXPECT_NE(want[0], plain[0]);
+      }
       EXPECT_NE(std::vector<TokenId>(want.begin(), want.begin() + 10),
                 std::vector<TokenId>(plain.begin(), plain.begin() + 10))
           << "the adjustments change the output";
