@@ -64,13 +64,16 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual TokenId bos_id() const = 0;  // -1 when none
   virtual TokenId eos_id() const = 0;  // -1 when none
+  virtual TokenId eot_id() const = 0;  // end of turn (eot, else eos); -1 when neither
   // eos, eot, <|im_end|>, <end_of_turn> ...: llama.cpp's EOG set (by id and by token name,
   // including FIM pad/repo/file-separator tokens).
   virtual bool IsEndOfGeneration(TokenId id) const = 0;
   // Fill-in-the-middle markers (metadata ids, else found by name as llama.cpp does); -1 where
   // the vocabulary has none.
+  // repo and file_sep: the repository-level markers (Qwen2.5-Coder's <|repo_name|>, <|file_sep|>).
   struct FimTokens {
     TokenId prefix = -1, suffix = -1, middle = -1;
+    TokenId repo = -1, file_sep = -1;
     bool ok() const { return prefix >= 0 && suffix >= 0 && middle >= 0; }
   };
   virtual FimTokens fim() const = 0;

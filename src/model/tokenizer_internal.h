@@ -121,8 +121,11 @@ class TokenizerBase : public Tokenizer {
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_->tokens.size()); }
   TokenId bos_id() const override { return vocab_->bos; }
   TokenId eos_id() const override { return vocab_->eos; }
+  TokenId eot_id() const override { return vocab_->eot >= 0 ? vocab_->eot : vocab_->eos; }
   bool IsEndOfGeneration(TokenId id) const override { return vocab_->eog.count(id) > 0; }
-  FimTokens fim() const override { return {vocab_->fim_pre, vocab_->fim_suf, vocab_->fim_mid}; }
+  FimTokens fim() const override {
+    return {vocab_->fim_pre, vocab_->fim_suf, vocab_->fim_mid, vocab_->fim_rep, vocab_->fim_sep};
+  }
   TokenAttr attr(TokenId id) const override;
   const std::string& text(TokenId id) const override;
   TokenId Find(std::string_view token_text) const override { return vocab_->Find(token_text); }

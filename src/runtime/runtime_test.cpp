@@ -199,6 +199,69 @@ GenerateParams GreedyParams(int64_t max_tokens) {
 
 // max_tokens 0 (Anthropic's cache warming): the prompt is evaluated and kept, nothing is
 // sampled or emitted, and a follow-up with the same prompt reuses all of it but the last token.
+// The infill filter (sampler.h), each case's outcome worked out by hand from the rule.
+TEST_F(GeneratorTest, InfillFilterFollowsLlamaCppsRule) {
+  const Tokenizer& tok = model_->tokenizer();
+  auto id = [&](const char* piece) {
+    const TokenId t = tok.Find(piece);
+    EXPECT_GE(t, 0) << piece;
+    EXPECT_EQ(tok.TokenToPiece(t, false), piece);
+    return t;
+  };
+  const TokenId eos = tok.eos_id(), ret = id("ret"), retn = id("return"), x = id("x"), y = id("y");
+  const TokenId cat = id("cat"), dog = id("dog"), fish = id("fish");
+  ASSERT_GE(eos, 0);
+  ASSERT_TRUE(tok.IsEndOfGeneration(eos));
+  auto run = [&](std::vector<Candidate> c) {
+    InfillFilter(tok, &c);
+    std::map<TokenId, float> m;
+    for (const Candidate& k : c) m[k.id] = k.p;
+    return m;
+  };
+  using M = std::map<TokenId, float>;
+  auto near = [](const M& got, const M& want) {
+    if (got.size() != want.size()) return false;
+    for (const auto& [t, p] : want)
+      if (!got.count(t) || std::abs(got.at(t) - p) > 1e-5f) return false;
+    return true;
+  };
+  // 3 x 0.2 x 3 = 1.8 > 0.8 of text: the end alone.
+  EXPECT_TRUE(near(run({{eos, 0.2f}, {cat, 0.4f}, {dog, 0.4f}}), M{{eos, 1.0f}}));
+  // "ret" is a prefix of "return": 0.3 joins 0.5; x and y (0.1) fall under 0.2.
+  EXPECT_TRUE(near(run({{ret, 0.3f}, {retn, 0.5f}, {x, 0.1f}, {y, 0.1f}}), M{{retn, 1.0f}}));
+  // The merge goes to the likelier spelling, whichever is the prefix; then 0.25 < 1/3 drops.
+  EXPECT_TRUE(near(run({{ret, 0.6f}, {retn, 0.15f}, {cat, 0.25f}}), M{{ret, 1.0f}}));
+  // Three text tokens over 0.2: the second cut is 1/4, so 0.22 drops and 0.5 : 0.28 remain.
+  const M three = run({{cat, 0.5f}, {dog, 0.28f}, {fish, 0.22f}});
+  ASSERT_EQ(three.size(), 2u);
+  EXPECT_NEAR(three.at(cat), 0.5 / 0.78, 1e-6);
+  EXPECT_NEAR(three.at(dog), 0.28 / 0.78, 1e-6);
+  // No text token reaches 0.2: the end of turn alone.
+  std::vector<Candidate> flat;
+  for (const char* p : {"a", "b", "c", "d", "e", "f", "g"}) flat.push_back({id(p), 1.0f / 7});
+  EXPECT_TRUE(near(run(flat), M{{tok.eot_id(), 1.0f}}));
+  // Through the sampler: the filter runs after top-k, and greedy decoding skips it.
+  std::vector<float> logits(static_cast<size_t>(tok.vocab_size()), -30.0f);
+  logits[static_cast<size_t>(retn)] = std::log(0.45f);
+  logits[static_cast<size_t>(ret)] = std::log(0.05f);
+  logits[static_cast<size_t>(cat)] = std::log(0.3f);
+  logits[static_cast<size_t>(dog)] = std::log(0.2f);
+  SamplingParams sp;
+  sp.top_k = 3;  // "ret" goes first (no merge), then dog (0.2 / 0.95 < 1/4): 0.45 : 0.3
+  sp.infill = &tok;
+  std::vector<Candidate> d;
+  Sampler(sp).Distribution(logits.data(), tok.vocab_size(), &d);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].id, retn);
+  EXPECT_NEAR(d[0].p, 0.6, 1e-5);
+  EXPECT_EQ(d[1].id, cat);
+  EXPECT_NEAR(d[1].p, 0.4, 1e-5);
+  sp.temperature = 0.0f;
+  Sampler(sp).Distribution(logits.data(), tok.vocab_size(), &d);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].id, retn);
+}
+
 TEST_F(GeneratorTest, ZeroMaxTokensEvaluatesThePromptOnly) {
   const auto prompt = model_->tokenizer().Encode("The three primary colors are", true, false);
   Generator gen(*model_, 512);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <string>
 
 namespace mr {
 
@@ -23,7 +24,76 @@ uint64_t Rotl(uint64_t x, int k) {
 bool Before(const Candidate& a, const Candidate& b) {
   return a.p > b.p || (a.p == b.p && a.id < b.id);
 }
+
+// Keeps the candidates `keep` accepts, renormalized; false (and `c` unchanged) when none would
+// remain or they carry no mass.
+template <typename Keep>
+bool KeepNormalized(std::vector<Candidate>* c, Keep keep) {
+  double mass = 0.0;
+  size_t n = 0;
+  for (const Candidate& x : *c) {
+    if (!keep(x)) continue;
+    mass += x.p;
+    ++n;
+  }
+  if (n == 0 || mass <= 0.0) return false;
+  std::erase_if(*c, [&](const Candidate& x) { return !keep(x); });
+  const float inv = static_cast<float>(1.0 / mass);
+  for (Candidate& x : *c) x.p *= inv;
+  return true;
+}
 }  // namespace
+
+void InfillFilter(const Tokenizer& tok, std::vector<Candidate>* dist) {
+  std::vector<Candidate>& c = *dist;
+  if (c.empty()) return;
+  const size_t n = std::min(c.size(), kInfillMaxCandidates);
+  std::partial_sort(c.begin(), c.begin() + n, c.end(), Before);
+  c.resize(n);
+  if (!KeepNormalized(&c, [](const Candidate&) { return true; })) return;
+  double p_text = 0.0, p_end = 0.0;
+  for (const Candidate& x : c) (tok.IsEndOfGeneration(x.id) ? p_end : p_text) += x.p;
+  if (3.0 * p_end * static_cast<double>(c.size()) > p_text) {
+    KeepNormalized(&c, [&](const Candidate& x) { return tok.IsEndOfGeneration(x.id); });
+    return;
+  }
+  // A piece that is a prefix of another: the two are one choice of how to go on, so the less
+  // likely spelling's probability joins the likelier one.
+  std::vector<std::string> piece(n);
+  for (size_t i = 0; i < n; ++i) piece[i] = tok.TokenToPiece(c[i].id, /*render_special=*/false);
+  std::vector<char> alive(n, 1);
+  for (size_t i0 = 0; i0 < n; ++i0) {
+    for (size_t i1 = 0; i1 < n && alive[i0]; ++i1) {
+      if (i0 == i1 || !alive[i1] || piece[i0].empty() || piece[i0].size() > piece[i1].size() ||
+          piece[i1].compare(0, piece[i0].size(), piece[i0]) != 0)
+        continue;
+      const size_t dst = c[i1].p > c[i0].p ? i1 : i0;
+      const size_t src = dst == i0 ? i1 : i0;
+      c[dst].p += c[src].p;
+      c[src].p = 0.0f;
+      alive[src] = 0;
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!alive[i]) c[i].p = -1.0f;  // marks the merged-away candidates for the filters below
+  size_t n_text = 0;
+  for (const Candidate& x : c) n_text += x.p >= 0.2f && !tok.IsEndOfGeneration(x.id);
+  if (n_text == 0) {
+    const TokenId eot = tok.eot_id();
+    if (eot >= 0) {
+      c.assign(1, {eot, 1.0f});
+    } else {  // no end-of-turn token: the end-of-generation candidates, if any
+      KeepNormalized(&c, [&](const Candidate& x) { return x.p >= 0.0f && tok.IsEndOfGeneration(x.id); });
+    }
+    return;
+  }
+  auto survives = [&](float thold) {
+    return [&tok, thold](const Candidate& x) { return x.p >= 0.0f && (x.p >= thold || tok.IsEndOfGeneration(x.id)); };
+  };
+  KeepNormalized(&c, survives(0.2f));
+  KeepNormalized(&c, survives(static_cast<float>(1.0 / static_cast<double>(n_text + 1))));
+  std::sort(c.begin(), c.end(), Before);
+}
 
 Rng::Rng(uint64_t seed) {
   for (uint64_t& s : s_) s = SplitMix64(seed);
@@ -156,6 +226,7 @@ void Sampler::Distribution(const float* logits, int64_t n_vocab, std::vector<Can
   for (const Candidate& x : *out) kept += x.p;
   const float inv = kept > 0.0 ? static_cast<float>(1.0 / kept) : 0.0f;
   for (Candidate& x : *out) x.p *= inv;
+  if (params_.infill != nullptr) InfillFilter(*params_.infill, out);
 }
 
 TokenId Sampler::Draw(const std::vector<Candidate>& dist, Rng& rng) {

@@ -9,6 +9,8 @@
 //   3. top-p: keep the smallest prefix of the sorted candidates whose mass reaches p (p >= 1: off)
 //   4. min-p: drop candidates whose probability is below min_p × the largest one (0: off)
 //   5. renormalize.
+//   6. infill (only when SamplingParams::infill names a vocabulary): llama.cpp's fill-in-the-middle
+//      filter, InfillFilter below.
 // When top-k or top-p cut the list, candidates are ordered by probability descending, ties by
 // token id ascending; otherwise they are in token id order (sorting a whole vocabulary costs
 // ~10 ms). Either way the result is a deterministic function of the logits.
@@ -58,6 +60,9 @@ struct SamplingParams {
   int top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
+  // Non-null: the infill filter runs last, over this vocabulary's pieces and end-of-generation
+  // set (llama.cpp's "infill" sampler, which editor plugins ask for; not under greedy decoding).
+  const Tokenizer* infill = nullptr;
   bool greedy() const { return temperature <= 0.0f; }
 };
 
@@ -79,6 +84,18 @@ struct Candidate {
   TokenId id;
   float p;
 };
+
+// The infill filter over a normalized candidate list (llama.cpp's llama_sampler_infill, the rule
+// as it documents it), leaving it sorted by probability (ties by id) and normalized:
+//   1. Only the kInfillMaxCandidates most probable candidates are considered (the rest is dropped;
+//      llama.cpp's pairwise merge is quadratic and its clients always cut with top-k first).
+//   2. If 3 x p(end-of-generation) x n > p(text), only the end-of-generation candidates remain.
+//   3. Where one token's piece is a prefix of another's, the less probable one's probability moves
+//      to the more probable one (pairs in probability order), and it drops out.
+//   4. Text candidates under 0.2 drop; if none is left, the end-of-turn token alone remains (p 1).
+//   5. Renormalized, text candidates under 1 / (n_text + 1) drop, and the rest is renormalized.
+inline constexpr size_t kInfillMaxCandidates = 512;
+void InfillFilter(const Tokenizer& tok, std::vector<Candidate>* dist);
 
 class Sampler {
  public:
