@@ -1,6 +1,7 @@
 #include "server/chat_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <random>
 
@@ -267,6 +268,7 @@ std::optional<ApiError> SetGeneration(const ServedModel& sm, const ChatRequest& 
   if (req.top_p) s.top_p = *req.top_p;
   if (req.top_k) s.top_k = *req.top_k;
   if (req.min_p) s.min_p = *req.min_p;
+  if (req.infill_sampler) s.infill = &sm.model->tokenizer();
   out->params.sampling = s;
   out->params.max_tokens = out->max_tokens;
   const int64_t n_vocab = sm.model->config().n_vocab;
@@ -325,16 +327,145 @@ std::optional<ApiError> EncodeRawPrompt(const ServedModel& sm, const RawPrompt& 
   return std::nullopt;
 }
 
+// /infill's budget: as llama.cpp's default batch of 2,048 tokens, a prefix of at most 3/4 of it
+// and a suffix of the rest; the other files get what the context has left after twice the output
+// reserve (max_tokens, or kInfillReserve when unbounded).
+constexpr int64_t kInfillBatch = 2048;
+constexpr int64_t kInfillReserve = 256;
+constexpr size_t kBytesPerToken = 16;  // no real text averages more (MaxPromptBytes)
+
+// The last (from_end) or first `max_bytes` of `s`, cut at a character boundary.
+std::string_view Utf8Part(std::string_view s, size_t max_bytes, bool from_end) {
+  if (s.size() <= max_bytes) return s;
+  auto inside = [&](size_t at) {
+    return at > 0 && at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80;
+  };
+  size_t at = from_end ? s.size() - max_bytes : max_bytes;
+  while (inside(at)) from_end ? ++at : --at;
+  return from_end ? s.substr(at) : s.substr(0, at);
+}
+
+// llama.cpp's /infill prompt: [BOS] [<repo>myproject\n (<file_sep>name\ntext)* <file_sep>filename\n]
+// <fim_prefix>prefix<fim_suffix>suffix<fim_middle>middle, the files as "--- snippet ---" blocks
+// where the vocabulary has no repository markers.
+std::optional<ApiError> EncodeInfillPrompt(const ServedModel& sm, const RawPrompt& raw, int64_t max_tokens,
+                                           std::vector<TokenId>* out, bool* trimmed) {
+  const Tokenizer& tok = sm.model->tokenizer();
+  const Tokenizer::FimTokens fim = tok.fim();
+  if (!fim.ok())
+    return InvalidRequest("model '" + sm.id + "' has no fill-in-the-middle tokens; /infill needs a code model's");
+  auto text = [&](std::string_view t) { return tok.Encode(t, /*add_special=*/false, /*parse_special=*/false); };
+  const int64_t reserve = max_tokens >= 0 ? max_tokens : kInfillReserve;
+  const int64_t avail = sm.n_ctx - 1 - reserve;  // what the prompt may take
+  if (raw.middle.size() > MaxPromptBytes(sm))
+    return InvalidRequest("prompt is too long: " + std::to_string(raw.middle.size()) + " bytes of text cannot fit a " +
+                          std::to_string(sm.n_ctx) + "-token context");
+  const std::vector<TokenId> middle = text(raw.middle);
+  const int64_t batch = std::min(kInfillBatch, avail);
+  if (batch < 8 || static_cast<int64_t>(middle.size()) + 4 > avail)
+    return InvalidRequest("n_predict " + std::to_string(reserve) + " leaves no room for the prompt in a " +
+                          std::to_string(sm.n_ctx) + "-token context");
+  const int64_t prefix_cap = 3 * batch / 4;
+  const int64_t suffix_cap = std::max<int64_t>(0, batch / 4 - 2 - static_cast<int64_t>(middle.size()));
+  const std::string_view suffix_text = raw.suffix ? std::string_view(*raw.suffix) : std::string_view();
+  const std::string_view prefix_part = Utf8Part(raw.text, prefix_cap * kBytesPerToken, /*from_end=*/true);
+  const std::string_view suffix_part = Utf8Part(suffix_text, suffix_cap * kBytesPerToken, /*from_end=*/false);
+  std::vector<TokenId> prefix = text(prefix_part);
+  std::vector<TokenId> suffix = text(suffix_part);
+  *trimmed = prefix_part.size() < raw.text.size() || suffix_part.size() < suffix_text.size();
+  if (static_cast<int64_t>(prefix.size()) > prefix_cap) {
+    prefix.erase(prefix.begin(), prefix.end() - prefix_cap);
+    *trimmed = true;
+  }
+  if (static_cast<int64_t>(suffix.size()) > suffix_cap) {
+    suffix.resize(static_cast<size_t>(suffix_cap));
+    *trimmed = true;
+  }
+  const int64_t used = static_cast<int64_t>(prefix.size() + suffix.size() + middle.size()) + 4;
+  // The other files, newest (last) first, while they fit.
+  const bool repo = fim.repo >= 0 && fim.file_sep >= 0;
+  std::vector<TokenId> extra;
+  if (!raw.extra.empty()) {
+    const int64_t room = std::max<int64_t>(0, sm.n_ctx - 1 - 2 * reserve - used);
+    std::vector<TokenId> head, tail;  // the repository header and the edited file's separator
+    if (repo) {
+      head.push_back(fim.repo);
+      for (TokenId t : text("myproject\n")) head.push_back(t);
+      tail.push_back(fim.file_sep);
+      for (TokenId t : text("filename\n")) tail.push_back(t);
+    }
+    std::vector<std::vector<TokenId>> files;
+    int64_t total = static_cast<int64_t>(head.size() + tail.size());
+    size_t bytes = 0;
+    for (size_t i = raw.extra.size(); i-- > 0;) {
+      const InfillFile& f = raw.extra[i];
+      bytes += f.name.size() + f.text.size();
+      if (bytes > static_cast<size_t>(room) * kBytesPerToken) break;
+      std::vector<TokenId> ids;
+      if (repo) {
+        ids.push_back(fim.file_sep);
+        for (TokenId t : text(f.name + "\n")) ids.push_back(t);
+      } else {
+        ids = text("\n\n--- snippet ---\n\n");
+      }
+      for (TokenId t : text(f.text)) ids.push_back(t);
+      if (total + static_cast<int64_t>(ids.size()) > room) break;
+      total += static_cast<int64_t>(ids.size());
+      files.push_back(std::move(ids));
+    }
+    *trimmed = *trimmed || files.size() < raw.extra.size();
+    if (!files.empty()) {
+      extra = head;
+      for (size_t i = files.size(); i-- > 0;) extra.insert(extra.end(), files[i].begin(), files[i].end());
+      extra.insert(extra.end(), tail.begin(), tail.end());
+    }
+  }
+  out->clear();
+  const std::vector<TokenId> bos = tok.Encode("", /*add_special=*/true, /*parse_special=*/false);
+  if (!bos.empty() && bos[0] == tok.bos_id()) out->push_back(bos[0]);
+  out->insert(out->end(), extra.begin(), extra.end());
+  out->push_back(fim.prefix);
+  out->insert(out->end(), prefix.begin(), prefix.end());
+  out->push_back(fim.suffix);
+  out->insert(out->end(), suffix.begin(), suffix.end());
+  out->push_back(fim.middle);
+  out->insert(out->end(), middle.begin(), middle.end());
+  return std::nullopt;
+}
+
+// The grammar constraint of `cr` (none when it asks for none) into `out`.
+std::optional<ApiError> SetConstraint(const ServedModel& sm, ConstraintRequest cr, PreparedChat* out) {
+  std::shared_ptr<const TokenMasker> masker = sm.masker;
+  if (masker == nullptr && (!cr.tools.empty() || cr.format != OutputFormat::kText))
+    masker = std::make_shared<const TokenMasker>(sm.model->tokenizer(), sm.model->config().n_vocab);
+  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(cr, masker);
+  if (!c.ok()) return InvalidRequest(c.status().message());
+  out->params.constraint = std::move(*c);
+  out->constraint_request = std::move(cr);
+  out->masker = std::move(masker);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
-  if (req.raw.on) {  // /v1/completions: the prompt as it is, the output as plain text
-    if (auto e = EncodeRawPrompt(sm, req.raw, &out->prompt)) return e;
+  if (req.raw.on) {  // /v1/completions, /completion, /infill: the prompt as it is, the output as plain text
+    if (auto e = req.raw.infill ? EncodeInfillPrompt(sm, req.raw, req.max_tokens, &out->prompt, &out->prompt_trimmed)
+                                : EncodeRawPrompt(sm, req.raw, &out->prompt))
+      return e;
     if (!for_generation) return std::nullopt;
     if (auto e = SetGeneration(sm, req, out)) return e;
     out->parser.stop_sequences = req.stop_sequences;
     out->parser.verbatim = true;
-    return std::nullopt;
+    out->parser.min_indent = req.min_indent;
+    out->max_predict_ms = req.max_predict_ms;
+    out->token_ids = req.token_ids;
+    if (req.format == OutputFormat::kText) return std::nullopt;
+    ConstraintRequest cr;
+    cr.family = sm.family;
+    cr.format = req.format;
+    cr.schema = req.format_schema;
+    return SetConstraint(sm, std::move(cr), out);
   }
   // Structured outputs: the model is told the schema too (the grammar makes the answer valid;
   // knowing the keys and types lets the model fill them instead of rambling into a string).
@@ -414,15 +545,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   cr.format = req.format;
   cr.schema = req.format_schema;
   cr.reasoning = prompted_reasoning;
-  std::shared_ptr<const TokenMasker> masker = sm.masker;
-  if (masker == nullptr && (!cr.tools.empty() || cr.format != OutputFormat::kText))
-    masker = std::make_shared<const TokenMasker>(sm.model->tokenizer(), sm.model->config().n_vocab);
-  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(cr, masker);
-  if (!c.ok()) return InvalidRequest(c.status().message());
-  out->params.constraint = std::move(*c);
-  out->constraint_request = std::move(cr);
-  out->masker = std::move(masker);
-  return std::nullopt;
+  return SetConstraint(sm, std::move(cr), out);
 }
 
 namespace {
@@ -452,6 +575,12 @@ struct Session {
   ConstraintRequest constraint_request;
   std::shared_ptr<const TokenMasker> masker;
   std::vector<TokenLogprob> logprobs;  // of tokens no event has carried yet
+  bool token_ids = false;
+  std::vector<TokenId> ids;  // with token_ids: tokens no event has carried yet
+  // t_max_predict_ms: the clock starts at the first token and runs out once a newline is out.
+  int64_t max_predict_ms = 0;
+  std::chrono::steady_clock::time_point first_token;
+  bool any_token = false, newline = false, out_of_time = false;
 
   // Tools a search found become callable: the parser accepts them and the grammar (rebuilt with
   // them; the constraint object is shared with the Sequence) allows them.
@@ -502,14 +631,27 @@ struct Session {
       ev.call = std::move(e.call);
       ev.logprobs = std::move(logprobs);
       logprobs.clear();
+      ev.tokens = std::move(ids);
+      ids.clear();
       channel->Push(std::move(ev));
     }
     events.clear();
   }
 
+  // t_max_predict_ms: true once the time is up (`piece` is the token's text).
+  bool OutOfTime(const std::string& piece) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!any_token) first_token = now;
+    any_token = true;
+    newline = newline || piece.find('\n') != std::string::npos;
+    return newline && now - first_token > std::chrono::milliseconds(max_predict_ms);
+  }
+
   bool OnToken(TokenId id) {
     if (parser.in_reasoning()) ++reasoning_tokens;
-    pending += tok.TokenToPiece(id, false);
+    if (token_ids) ids.push_back(id);
+    const std::string piece = tok.TokenToPiece(id, false);
+    pending += piece;
     const size_t n = CompleteUtf8Prefix(pending);
     if (n > 0) {
       parser.Feed(std::string_view(pending).substr(0, n), &events);
@@ -517,6 +659,10 @@ struct Session {
     }
     Flush();
     if (parser.stopped()) return false;
+    if (max_predict_ms > 0 && OutOfTime(piece)) {
+      out_of_time = true;
+      return false;
+    }
     if (!server_result.empty()) return false;  // Continuation puts the search's result in the prompt
     if (single_tool_call && client_calls() > 0) return false;
     if (thinking_budget > 0 && parser.in_reasoning() && reasoning_tokens >= thinking_budget) {
@@ -559,6 +705,7 @@ struct Session {
     }
     ev.kind = StreamEvent::Kind::kDone;
     ev.logprobs = std::move(logprobs);
+    ev.tokens = std::move(ids);
     ev.prompt_logprobs = r->prompt_logprobs;
     ev.input_tokens = r->prompt_tokens;
     ev.output_tokens = r->output_tokens;
@@ -577,6 +724,8 @@ struct Session {
     ev.process_peak_rss_bytes = r->process_peak_rss_bytes;
     if (r->stop == StopCause::kCancelled) {
       ev.finish = FinishReason::kCancelled;
+    } else if (out_of_time || parser.cut_by_indent()) {  // llama.cpp's "limit" too
+      ev.finish = FinishReason::kMaxTokens;
     } else if (parser.stopped()) {
       ev.finish = FinishReason::kStopSequence;
       ev.stop_sequence = parser.matched_stop_sequence();
@@ -610,6 +759,8 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   session->constraint = prepared.params.constraint;
   session->constraint_request = std::move(prepared.constraint_request);
   session->masker = std::move(prepared.masker);
+  session->token_ids = prepared.token_ids;
+  session->max_predict_ms = prepared.max_predict_ms;
   auto job = std::make_shared<EngineJob>();
   job->prompt = std::move(prepared.prompt);
   job->params = prepared.params;

@@ -63,11 +63,24 @@ inline constexpr const char* kClearedToolResult = "[tool result cleared to save 
 // OpenAI /v1/completions: a prompt without a chat template. The text is tokenized as text (no
 // control token comes from it); a token-array prompt is used as it is; with a suffix the model's
 // fill-in-the-middle markers frame the two (prefix, suffix, then the middle to generate).
+// A file of the project that /infill's repository-level prompt shows before the one edited.
+struct InfillFile {
+  std::string name;
+  std::string text;
+};
+
 struct RawPrompt {
   bool on = false;
   std::string text;
   std::vector<TokenId> ids;  // a token-array prompt (then `text` is empty)
   std::optional<std::string> suffix;
+  // /infill (llama.cpp's): `text` is the code before the cursor, `suffix` the code after it,
+  // `middle` what follows <fim_middle> (the current line's start), `extra` the other files; each
+  // is trimmed to fit the context (the prefix loses its start, the suffix its end, the files their
+  // oldest), and PreparedChat::prompt_trimmed says so.
+  bool infill = false;
+  std::string middle;
+  std::vector<InfillFile> extra;
 };
 
 struct ChatRequest {
@@ -88,6 +101,13 @@ struct ChatRequest {
   std::optional<int> top_k;
   std::optional<float> min_p;
   std::optional<uint64_t> seed;
+  // Raw prompts (llama.cpp's /completion, /infill): t_max_predict_ms (once a newline is out,
+  // generation stops this long after its first token), n_indent (OutputParser::Options::
+  // min_indent), return_tokens (StreamEvent::tokens).
+  int64_t max_predict_ms = 0;
+  int min_indent = 0;
+  bool token_ids = false;
+  bool infill_sampler = false;  // SamplingParams::infill (llama.cpp's samplers: ["infill"])
   LogitAdjust adjust;  // OpenAI logit_bias, frequency/presence_penalty, repetition_penalty (ids checked by PrepareChat)
   int logprobs = -1;   // OpenAI logprobs (>= 0: on, with this many top_logprobs)
   int prompt_logprobs = -1;     // /v1/completions echo + logprobs: the prompt's too
@@ -145,6 +165,9 @@ struct PreparedChat {
   ConstraintRequest constraint_request;
   std::shared_ptr<const TokenMasker> masker;
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
+  bool prompt_trimmed = false;                     // RawPrompt::infill: a part was cut to fit
+  int64_t max_predict_ms = 0;                      // ChatRequest's
+  bool token_ids = false;
   // With context_management: {"applied_edits": [...]} (and original_input_tokens, which
   // count_tokens reports); null otherwise.
   nlohmann::ordered_json context_management;
@@ -187,6 +210,8 @@ struct StreamEvent {
   std::vector<TokenLogprob> logprobs;
   // kDone, when the request asked for them: one per prompt token (the first's value NaN).
   std::vector<TokenLogprob> prompt_logprobs;
+  // With ChatRequest::token_ids: the ids generated since the previous event (as logprobs).
+  std::vector<TokenId> tokens;
   nlohmann::ordered_json server_result;  // kServerTool: the tool_search_tool_result's content
   // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;

@@ -11,6 +11,7 @@
 #include "server/anthropic_api.h"
 #include "server/connection.h"
 #include "server/http_transport.h"
+#include "server/llamacpp_api.h"
 #include "server/openai_api.h"
 
 namespace mr::server {
@@ -21,8 +22,16 @@ using Clock = std::chrono::steady_clock;
 
 enum class Api { kAnthropic, kOpenAI };
 
+// llama.cpp's own endpoints (llamacpp_api.h); their errors have the OpenAI shape, as llama.cpp's do.
+bool IsLlamaPath(const std::string& path) {
+  return path == "/completion" || path == "/completions" || path == "/infill" || path == "/tokenize" ||
+         path == "/detokenize" || path == "/props";
+}
+
 Api ApiOfPath(const std::string& path) {
-  return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 ? Api::kOpenAI : Api::kAnthropic;
+  return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 || IsLlamaPath(path)
+             ? Api::kOpenAI
+             : Api::kAnthropic;
 }
 
 void SetError(HttpResponse& res, Api api, const ApiError& e) {
@@ -62,7 +71,8 @@ void LogLong(const char* what, const std::string& text) {
 
 // The requests counted in mererun_requests_total.
 bool IsGenerationPath(const std::string& path) {
-  return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions";
+  return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions" ||
+         path == "/completion" || path == "/completions" || path == "/infill";
 }
 
 Outcome OutcomeOfStatus(int status) {
@@ -401,6 +411,39 @@ struct HttpServer::Impl {
     res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   }
 
+  // llama.cpp's /completion and /infill: parse, prepare, submit, then stream or collect.
+  void LlamaGenerate(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count, bool infill) {
+    LogLong(("POST " + req.path + " body").c_str(), req.body);
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
+    ChatRequest chat;
+    LlamaOptions lopts;
+    if (auto e = ParseLlamaCompletion(body, sm, infill, &chat, &lopts)) return SetError(res, Api::kOpenAI, *e);
+    PreparedChat prepared;
+    if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kOpenAI, *e);
+    auto w = std::make_shared<LlamaWriter>(std::move(lopts), sm, prepared);
+    const bool stream = w->streaming();
+    auto p = std::make_shared<Pending>();
+    if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
+    if (stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
+    StreamEvent last;
+    if (!Collect(*p, *w, &last)) return;
+    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
+    SetTimingHeaders(last, res);
+    w->Event(last);
+    res.SetContent(DumpWireJson(w->Result()), "application/json");
+  }
+
+  // llama.cpp's /tokenize and /detokenize.
+  void Tokens(const HttpRequest& req, HttpResponse& res) {
+    Json body, out;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
+    if (auto e = req.path == "/tokenize" ? LlamaTokenize(body, sm, &out) : LlamaDetokenize(body, sm, &out))
+      return SetError(res, Api::kOpenAI, *e);
+    res.SetContent(DumpWireJson(out), "application/json");
+  }
+
   // GET /health: 200 with the engine's state when it accepts requests; 529 (overloaded, with
   // retry-after) while loading or draining, so a load balancer takes the replica out; with
   // `?identity=HASH`, 409 when this replica is another model or configuration.
@@ -486,9 +529,10 @@ struct HttpServer::Impl {
         return refuse(
             {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
     }
-    const bool post_route = IsGenerationPath(req.path) || req.path == "/v1/messages/count_tokens";
+    const bool post_route = IsGenerationPath(req.path) || req.path == "/v1/messages/count_tokens" ||
+                            req.path == "/tokenize" || req.path == "/detokenize";
     const bool get_route = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
-                           (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
+                           req.path == "/props" || (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
     if (!post_route && !get_route)
       return refuse({ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
     if (req.method != (post_route ? "POST" : "GET")) {
@@ -514,6 +558,9 @@ struct HttpServer::Impl {
                          {"first_id", sm.id},
                          {"last_id", sm.id}};
       res.SetContent(body.dump(), "application/json");
+    } else if (req.path == "/props") {
+      const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
+      res.SetContent(DumpWireJson(LlamaProps(sm, st.max_active)), "application/json");
     } else if (get_route) {
       res.SetContent(ModelEntry().dump(), "application/json");  // any id names the served model
     } else if (IsGenerationPath(req.path) && sm.engine != nullptr) {
@@ -534,9 +581,12 @@ struct HttpServer::Impl {
   // On a thread of its own: generation and count_tokens.
   void Worker(HttpRequest& req, HttpResponse& res) {
     if (req.path == "/v1/messages/count_tokens") return Messages(req, res, true, nullptr);
+    if (req.path == "/tokenize" || req.path == "/detokenize") return Tokens(req, res);
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
-    if (req.path == "/v1/completions") {
+    if (req.path == "/completion" || req.path == "/completions" || req.path == "/infill") {
+      LlamaGenerate(req, res, count, req.path == "/infill");
+    } else if (req.path == "/v1/completions") {
       OpenAIGenerate(
           req, res, count, ParseCompletionRequest,
           [&](const OpenAIOptions& o, int64_t n_prompt, const RawPrompt& echo) {

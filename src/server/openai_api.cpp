@@ -84,8 +84,9 @@ void AppendLegacyLogprob(const Tokenizer& tok, const TokenLogprob& t, int64_t* o
   *offset += Utf8Chars(tok.TokenToPiece(t.id, /*render_special=*/false));
 }
 
-// The fields both OpenAI endpoints share: streaming, limits, stops and sampling.
-std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
+}  // namespace
+
+std::optional<ApiError> ParseOpenAICommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) return InvalidRequest("stream: expected a boolean");
     opts->stream = body["stream"].get<bool>();
@@ -183,8 +184,6 @@ std::optional<ApiError> ParseCommon(const Json& body, ChatRequest* req, OpenAIOp
   return std::nullopt;
 }
 
-}  // namespace
-
 std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& sm, ChatRequest* req,
                                            OpenAIOptions* opts) {
   if (!body.is_object()) return InvalidRequest("the request body must be a JSON object");
@@ -240,7 +239,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     req->messages.push_back(std::move(msg));
   }
 
-  if (auto e = ParseCommon(body, req, opts)) return e;
+  if (auto e = ParseOpenAICommon(body, req, opts)) return e;
   if (auto e = OptBool(body, "logprobs", "", &opts->logprobs)) return e;
   if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
     const Json& t = body["top_logprobs"];
@@ -493,7 +492,7 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
   }
   req->max_tokens = 16;  // the API's default
   if (auto e = OptBool(body, "echo", "", &opts->echo)) return e;
-  if (auto e = ParseCommon(body, req, opts)) return e;
+  if (auto e = ParseOpenAICommon(body, req, opts)) return e;
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
     return InvalidRequest("best_of: only 1 is supported");
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {

@@ -22,6 +22,12 @@ struct OpenAIOptions {
   bool echo = false;  // /v1/completions: the prompt's text opens the output
 };
 
+// The fields both OpenAI endpoints share (llama.cpp's too, their own spellings mapped to these):
+// stream, stream_options, max_tokens, stop, temperature, top_p, seed, n, logit_bias (an object),
+// metadata, user, and vLLM's and llama.cpp's top_k, min_p, repetition/repeat_penalty and
+// frequency/presence_penalty.
+std::optional<ApiError> ParseOpenAICommon(const nlohmann::ordered_json& body, ChatRequest* req, OpenAIOptions* opts);
+
 std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,
                                            OpenAIOptions* opts);
 

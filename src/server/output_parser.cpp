@@ -206,7 +206,37 @@ OutputParser::OutputParser(Options opts) : opts_(std::move(opts)) {
   }
 }
 
+std::string OutputParser::CutAtIndent(std::string_view s) {
+  std::string shown;
+  for (const char ch : s) {
+    if (line_head_) {
+      if (ch == ' ' || ch == '\t') {
+        indent_ += ch;
+        continue;
+      }
+      if (static_cast<int64_t>(indent_.size()) < opts_.min_indent) {
+        stopped_ = indent_cut_ = true;
+        indent_.clear();
+        break;
+      }
+      shown += indent_;
+      indent_.clear();
+      line_head_ = false;
+    }
+    shown += ch;
+    line_head_ = ch == '\n';
+  }
+  return shown;
+}
+
 void OutputParser::EmitText(std::string_view s, std::vector<ParsedEvent>* out) {
+  if (stopped_) return;
+  std::string indented;
+  if (opts_.verbatim && opts_.min_indent > 0) {
+    indented = CutAtIndent(s);
+    s = indented;
+    if (s.empty()) return;
+  }
   if (skip_ws_ && !opts_.verbatim) {
     while (!s.empty() && IsWs(s.front())) s.remove_prefix(1);
     if (s.empty()) return;

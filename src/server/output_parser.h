@@ -75,6 +75,10 @@ class OutputParser {
     // The text exactly as generated: no whitespace dropped at its start or end (/v1/completions,
     // where the output continues the prompt).
     bool verbatim = false;
+    // verbatim only, > 0: a line after the first that starts (its first character other than a
+    // space or tab, a newline included) with fewer spaces and tabs than this ends the output, that
+    // line's indentation left out (llama.cpp's n_indent: a completion stops where its block does).
+    int min_indent = 0;
   };
 
   explicit OutputParser(Options opts);
@@ -86,6 +90,7 @@ class OutputParser {
   bool in_reasoning() const { return mode_ == Mode::kReasoning; }
   bool stopped() const { return stopped_; }  // a stop sequence matched: generation must stop
   const std::string& matched_stop_sequence() const { return matched_stop_; }
+  bool cut_by_indent() const { return indent_cut_; }  // stopped by Options::min_indent
   int tool_calls() const { return tool_calls_; }
   // A tool that becomes callable mid-generation (found by the server's tool search).
   void AddTool(const ChatTool& tool) { opts_.tools.push_back(tool); }
@@ -135,6 +140,12 @@ class OutputParser {
   bool skip_ws_ = true;  // drop whitespace at the start of text
   bool stopped_ = false;
   std::string matched_stop_;
+  // Options::min_indent: at the start of a line (after a newline), its indentation so far.
+  bool line_head_ = false;
+  std::string indent_;
+  bool indent_cut_ = false;
+  // Options::min_indent: what of `s` is shown (all, or up to a line that ends the output).
+  std::string CutAtIndent(std::string_view s);
   int tool_calls_ = 0;
   // kHarmonyCall: the message's whole recipient (`functions.NAME` for a request's tool; any
   // other, `python` or `browser.search`, makes the body text).

@@ -84,6 +84,34 @@ TEST(OutputParser, PlainTextTrimsAndPassesThrough) {
   EXPECT_EQ(ev[0].text, "Hello, world!");
 }
 
+// n_indent: the first line is free; a later line with less indentation (spaces and tabs counted
+// alike; a blank line has none) ends the text at that line's start, however the text is split.
+TEST(OutputParser, MinIndentCutsAtTheFirstShallowerLine) {
+  OutputParser::Options o;
+  o.verbatim = true;
+  o.min_indent = 4;
+  const std::string text = "x = 1\n    y = 2\n\t \t z\n  w = 3\n        v = 4\n";
+  ExpectSplitInvariant(o, text);
+  for (size_t i = 1; i < text.size(); ++i) {
+    OutputParser p(o);
+    const auto ev = FeedAll(p, {text.substr(0, i), text.substr(i)});
+    ASSERT_EQ(ev.size(), 1u) << i;
+    EXPECT_EQ(ev[0].text, "x = 1\n    y = 2\n\t \t z\n") << i;
+    EXPECT_TRUE(p.stopped() && p.cut_by_indent()) << i;
+    EXPECT_EQ(p.matched_stop_sequence(), "");
+  }
+  OutputParser blank(o);  // a blank line ends it too (llama.cpp's rule)
+  EXPECT_EQ(FeedAll(blank, {"a\n    b\n\n    c"})[0].text, "a\n    b\n");
+  o.min_indent = 0;  // off: everything passes, whitespace included
+  OutputParser off(o);
+  EXPECT_EQ(FeedAll(off, {text})[0].text, text);
+  EXPECT_FALSE(off.stopped());
+  o.min_indent = 2;  // the trailing indentation of an unfinished last line is not shown
+  OutputParser open(o);
+  EXPECT_EQ(FeedAll(open, {"a\n  b\n   "})[0].text, "a\n  b\n");
+  EXPECT_FALSE(open.stopped());
+}
+
 TEST(OutputParser, StopSequenceAcrossChunks) {
   OutputParser::Options o;
   o.stop_sequences = {"END", "\n\nUser:"};

@@ -52,6 +52,17 @@ OPENAI_BASE = {
                      {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"p\": 1}"}}]},
                  {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
 }
+# llama.cpp's endpoints (/infill is refused on this model, which has no fill-in-the-middle
+# markers, after its fields are read).
+LLAMA_BASE = {
+    "prompt": [1, "Hi", 2], "n_predict": 4, "stream": False, "temperature": 0, "top_k": 5, "top_p": 0.9,
+    "min_p": 0.05, "seed": -1, "stop": ["zz"], "n_probs": 2, "n_indent": 2, "t_max_predict_ms": 100,
+    "samplers": ["top_k", "temperature"], "logit_bias": [[3, False], ["ab", -1.5]], "cache_prompt": True,
+    "return_tokens": True, "response_fields": ["content"], "json_schema": {"type": "object"},
+    "typical_p": 1, "dry_multiplier": 0, "input_prefix": "a", "input_suffix": "b",
+    "input_extra": [{"filename": "f", "text": "t"}], "content": "tok", "tokens": [1, 2],
+}
+LLAMA_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize")
 WRONG = [None, 7, -3, 2.5, True, "x", [], {}, [1, "a"], {"k": []}]
 
 
@@ -77,7 +88,9 @@ def replaced(base, path, value):
 def generated_cases():
     """(path, raw body bytes) for both APIs: every field of a full request set to other types."""
     cases = []
-    for api, base in (("/v1/messages", ANTHROPIC_BASE), ("/v1/chat/completions", OPENAI_BASE)):
+    bases = [("/v1/messages", ANTHROPIC_BASE), ("/v1/chat/completions", OPENAI_BASE)]
+    bases += [(path, LLAMA_BASE) for path in LLAMA_PATHS]
+    for api, base in bases:
         for p in paths(base):
             if not p:
                 continue
@@ -91,7 +104,7 @@ def check_envelope(api, status, body):
     if status == 200:  # accepted (a JSON body or, with "stream": true, an SSE stream)
         return
     data = json.loads(body)
-    if api.startswith("/v1/chat"):
+    if api.startswith("/v1/chat") or api in LLAMA_PATHS:
         assert isinstance(data["error"]["message"], str) and data["error"]["type"], data
     else:
         assert data["type"] == "error" and data["error"]["type"] and data["error"]["message"], data
@@ -344,6 +357,12 @@ def test_browser_and_rebinding_protection(server):
     assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"], r.text
     r = requests.post(server.base_url + "/v1/messages", data=body,
                       headers={"Content-Type": "application/json", "Origin": "null"}, timeout=30)
+    assert r.status_code == 403
+    for path in LLAMA_PATHS:  # llama.cpp's endpoints are behind the same checks
+        r = requests.post(server.base_url + path, data=json.dumps({"prompt": "hi", "content": "hi"}),
+                          headers={"Content-Type": "application/json", "Origin": "https://evil.example"}, timeout=30)
+        assert r.status_code == 403, (path, r.text)
+    r = requests.get(server.base_url + "/props", headers={"Origin": "https://evil.example"}, timeout=30)
     assert r.status_code == 403
     r = requests.options(server.base_url + "/v1/messages",
                          headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}, timeout=30)

@@ -1,6 +1,7 @@
 // libFuzzer target: a request body through everything an HTTP handler does before the engine
 // sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd; with bit
-// 1 set, the /v1/completions) parser,
+// 1 set, the /v1/completions) parser, or with bit 3 set llama.cpp's (bit 1: /infill, else
+// /completion; /tokenize reads the same body),
 // then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
 // and chat template, and the first token mask of a grammar constraint (tool schemas, structured
 // outputs). Every outcome must be a value: an ApiError or a prepared prompt.
@@ -9,6 +10,7 @@
 
 #include "fuzz_common.h"
 #include "server/anthropic_api.h"
+#include "server/llamacpp_api.h"
 #include "server/openai_api.h"
 #include "server/request_fields.h"
 
@@ -48,6 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     mr::server::AnthropicOptions opts;
     const bool count_only = (data[0] & 2) != 0;
     if (mr::server::ParseAnthropicRequest(json, sm, count_only, &req, &opts)) return 0;
+  } else if ((data[0] & 8) != 0) {
+    nlohmann::ordered_json tokens;
+    (void)mr::server::LlamaTokenize(json, sm, &tokens);
+    (void)mr::server::LlamaDetokenize(json, sm, &tokens);
+    mr::server::LlamaOptions opts;
+    if (mr::server::ParseLlamaCompletion(json, sm, (data[0] & 2) != 0, &req, &opts)) return 0;
+    mr::server::PreparedChat prepared;
+    if (mr::server::PrepareChat(sm, std::move(req), &prepared)) return 0;
+    mr::server::LlamaWriter writer(opts, sm, prepared);
+    (void)writer.Result();
+    return 0;
   } else {
     mr::server::OpenAIOptions opts;
     if ((data[0] & 2) != 0 ? mr::server::ParseCompletionRequest(json, sm, &req, &opts).has_value()
