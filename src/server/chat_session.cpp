@@ -355,7 +355,8 @@ std::optional<ApiError> EncodeInfillPrompt(const ServedModel& sm, const RawPromp
   if (!fim.ok())
     return InvalidRequest("model '" + sm.id + "' has no fill-in-the-middle tokens; /infill needs a code model's");
   auto text = [&](std::string_view t) { return tok.Encode(t, /*add_special=*/false, /*parse_special=*/false); };
-  const int64_t reserve = max_tokens >= 0 ? max_tokens : kInfillReserve;
+  // At most a quarter of the context: a larger n_predict is clamped later, as everywhere.
+  const int64_t reserve = std::min(max_tokens >= 0 ? max_tokens : kInfillReserve, sm.n_ctx / 4);
   const int64_t avail = sm.n_ctx - 1 - reserve;  // what the prompt may take
   if (raw.middle.size() > MaxPromptBytes(sm))
     return InvalidRequest("prompt is too long: " + std::to_string(raw.middle.size()) + " bytes of text cannot fit a " +

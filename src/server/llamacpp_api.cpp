@@ -40,9 +40,9 @@ struct InactiveOption {
   const char* what;
 };
 constexpr InactiveOption kInactive[] = {
-    {"dynatemp_range", 0.0, "dynamic temperature"},  {"typical_p", 1.0, "typical sampling"},
-    {"xtc_probability", 0.0, "XTC sampling"},         {"dry_multiplier", 0.0, "DRY sampling"},
-    {"mirostat", 0.0, "Mirostat sampling"},           {"top_n_sigma", -1.0, "top-n-sigma sampling"},
+    {"dynatemp_range", 0.0, "dynamic temperature"}, {"typical_p", 1.0, "typical sampling"},
+    {"xtc_probability", 0.0, "XTC sampling"},       {"dry_multiplier", 0.0, "DRY sampling"},
+    {"mirostat", 0.0, "Mirostat sampling"},         {"top_n_sigma", -1.0, "top-n-sigma sampling"},
 };
 
 std::optional<ApiError> CheckUnsupported(const Json& body) {
@@ -66,17 +66,16 @@ std::optional<ApiError> CheckUnsupported(const Json& body) {
 
 // samplers: an array of names, or llama.cpp's one-letter string ("kpmt").
 std::optional<ApiError> ParseSamplers(const Json& v, std::vector<std::string>* out) {
-  static const std::pair<char, const char*> kLetters[] = {{'e', "penalties"}, {'d', "dry"},         {'k', "top_k"},
-                                                          {'y', "typ_p"},     {'p', "top_p"},       {'m', "min_p"},
-                                                          {'x', "xtc"},       {'t', "temperature"}, {'i', "infill"},
-                                                          {'s', "top_n_sigma"}};
+  static const std::pair<char, const char*> kLetters[] = {
+      {'e', "penalties"}, {'d', "dry"}, {'k', "top_k"},       {'y', "typ_p"},  {'p', "top_p"},
+      {'m', "min_p"},     {'x', "xtc"}, {'t', "temperature"}, {'i', "infill"}, {'s', "top_n_sigma"}};
   static const std::set<std::string> kNames = {"penalties", "dry", "top_k",       "typ_p",  "typical_p",  "top_p",
-                                                "min_p",     "xtc", "temperature", "infill", "top_n_sigma"};
+                                               "min_p",     "xtc", "temperature", "infill", "top_n_sigma"};
   if (v.is_string()) {
     for (const char c : v.get<std::string>()) {
-      const auto* it = std::find_if(std::begin(kLetters), std::end(kLetters), [c](const auto& l) { return l.first == c; });
-      if (it == std::end(kLetters))
-        return InvalidRequest(std::string("samplers: unknown sampler letter '") + c + "'");
+      const auto* it =
+          std::find_if(std::begin(kLetters), std::end(kLetters), [c](const auto& l) { return l.first == c; });
+      if (it == std::end(kLetters)) return InvalidRequest(std::string("samplers: unknown sampler letter '") + c + "'");
       out->push_back(it->second);
     }
     return std::nullopt;
@@ -84,7 +83,8 @@ std::optional<ApiError> ParseSamplers(const Json& v, std::vector<std::string>* o
   if (!v.is_array() || v.size() > 32) return InvalidRequest("samplers: expected an array of sampler names");
   for (const Json& s : v) {
     if (!s.is_string() || !kNames.count(s.get<std::string>()))
-      return InvalidRequest("samplers: unknown sampler " + (s.is_string() ? "\"" + s.get<std::string>() + "\"" : s.dump()) +
+      return InvalidRequest("samplers: unknown sampler " +
+                            (s.is_string() ? "\"" + s.get<std::string>() + "\"" : s.dump()) +
                             " (known: penalties, top_k, top_p, min_p, temperature, infill; dry, typ_p, xtc and "
                             "top_n_sigma are accepted at their off values)");
     out->push_back(s.get<std::string>());
@@ -257,9 +257,11 @@ std::optional<ApiError> ParseLlamaCompletion(const Json& body, const ServedModel
     req->max_tokens = n;
     break;
   }
-  int64_t seed = -1;
-  if (auto e = OptInt(body, "seed", INT64_MIN, INT64_MAX, &seed)) return e;
-  if (seed >= 0) req->seed = static_cast<uint64_t>(seed);  // negative: a random seed, as llama.cpp
+  if (Has(body, "seed")) {
+    if (!body["seed"].is_number_integer()) return InvalidRequest("seed: expected an integer (negative: random)");
+    // Negative (llama.cpp's default -1): a random seed.
+    if (body["seed"].get<int64_t>() >= 0) req->seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
+  }
   int64_t n = 0;
   if (auto e = OptInt(body, "n_probs", 0, kMaxProbs, &n)) return e;
   if (n > 0) {
@@ -388,6 +390,7 @@ std::string LlamaWriter::Event(const StreamEvent& ev) {
   if (ev.kind == StreamEvent::Kind::kDone) {
     done_ = ev;
     if (!opts_.stream) return "";
+    last_probs_ = probs;  // the tokens no chunk carried
     Json last = Result();
     last["content"] = "";  // the stream carried it
     return "data: " + DumpWireJson(last) + "\n\n";
@@ -438,7 +441,7 @@ Json LlamaWriter::Result() {
                  {"predicted_ms", predicted_ms},
                  {"predicted_per_token_ms", per(predicted_ms, predicted_n)},
                  {"predicted_per_second", rate(predicted_ms, predicted_n)}}}};
-  if (opts_.n_probs > 0) full["completion_probabilities"] = opts_.stream ? Json::array() : probs_;
+  if (opts_.n_probs > 0) full["completion_probabilities"] = opts_.stream ? last_probs_ : probs_;
   return Filtered(std::move(full));
 }
 
@@ -502,7 +505,11 @@ Json LlamaProps(const ServedModel& sm, int64_t slots) {
   return {{"default_generation_settings",
            {{"n_ctx", sm.n_ctx},
             {"params",
-             {{"n_predict", -1}, {"temperature", Setting(s.temperature)}, {"top_k", s.top_k}, {"top_p", Setting(s.top_p)}, {"min_p", Setting(s.min_p)}}}}},
+             {{"n_predict", -1},
+              {"temperature", Setting(s.temperature)},
+              {"top_k", s.top_k},
+              {"top_p", Setting(s.top_p)},
+              {"min_p", Setting(s.min_p)}}}}},
           {"total_slots", slots},
           {"model_alias", sm.id},
           {"model_path", sm.id},

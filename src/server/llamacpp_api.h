@@ -18,8 +18,8 @@ struct LlamaOptions {
   bool stream = false;
   bool infill = false;  // /infill (else /completion)
   std::string model;
-  int n_probs = 0;             // > 0: completion_probabilities with this many alternatives
-  bool return_tokens = false;  // the ids in `tokens` (a streamed chunk always has its own)
+  int n_probs = 0;                           // > 0: completion_probabilities with this many alternatives
+  bool return_tokens = false;                // the ids in `tokens` (a streamed chunk always has its own)
   std::vector<std::string> response_fields;  // non-empty: only these (a/b takes b out of a)
   std::vector<std::string> samplers;         // as the request named them (generation_settings)
   int min_indent = 0;
@@ -56,7 +56,8 @@ class LlamaWriter {
   std::string content_;
   bool has_new_line_ = false;
   std::vector<TokenId> tokens_;
-  nlohmann::ordered_json probs_ = nlohmann::ordered_json::array();
+  nlohmann::ordered_json probs_ = nlohmann::ordered_json::array();       // every token's
+  nlohmann::ordered_json last_probs_ = nlohmann::ordered_json::array();  // streamed: the last chunk's
   int64_t predicted_ = 0;
   int64_t evaluated_ = 0;
   StreamEvent done_;

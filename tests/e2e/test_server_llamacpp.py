@@ -113,6 +113,9 @@ def test_stop_words_probabilities_and_response_fields(server):
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and p["logprob"] == pytest.approx(tops[0])
         assert p["top_logprobs"][0]["id"] == p["id"] and bytes(p["bytes"]).decode() == p["token"]
     assert "".join(p["token"] for p in probs).startswith(r["content"])
+    chunks = stream(server, "/completion", {"prompt": PROMPT, "n_predict": 30, "temperature": 0, "stop": ["\n"],
+                                            "n_probs": 3})
+    assert [p["id"] for c in chunks for p in c["completion_probabilities"]] == [p["id"] for p in probs]
     f = post(server, "/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0,
                                      "response_fields": ["content", "timings/predicted_n", "nope"]})
     assert set(f) == {"content", "predicted_n"} and f["predicted_n"] == 4
@@ -186,6 +189,10 @@ def test_infill_trims_to_the_context(server, mererun_bin):
     warm = post(server, "/infill", {"input_prefix": "", "input_suffix": "", "input_extra": extra[:2],
                                     "n_predict": 0, "samplers": [], "t_max_predict_ms": 1, "cache_prompt": True})
     assert warm["content"] == "" and warm["tokens_predicted"] == 0
+    # An n_predict past the context is clamped (as on every endpoint), not refused.
+    big = post(server, "/infill", {"input_prefix": "def f():\n    ", "n_predict": 10**6, "temperature": 0,
+                                   "t_max_predict_ms": 1})
+    assert big["generation_settings"]["n_predict"] <= 2048 - big["tokens_evaluated"]
 
 
 def test_llama_vscode_request_and_sampler_chain(server):
