@@ -357,7 +357,7 @@ std::optional<ApiError> EncodeInfillPrompt(const ServedModel& sm, const RawPromp
   auto text = [&](std::string_view t) { return tok.Encode(t, /*add_special=*/false, /*parse_special=*/false); };
   // At most a quarter of the context: a larger n_predict is clamped later, as everywhere.
   const int64_t reserve = std::min(max_tokens >= 0 ? max_tokens : kInfillReserve, sm.n_ctx / 4);
-  const int64_t avail = sm.n_ctx - 1 - reserve;  // what the prompt may take
+  const int64_t avail = sm.n_ctx - 8 - reserve;  // what the prompt may take (BOS and the markers aside)
   if (raw.middle.size() > MaxPromptBytes(sm))
     return InvalidRequest("prompt is too long: " + std::to_string(raw.middle.size()) + " bytes of text cannot fit a " +
                           std::to_string(sm.n_ctx) + "-token context");

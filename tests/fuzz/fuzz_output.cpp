@@ -5,6 +5,9 @@
 // Completion()), ending in a finish reason or an error event chosen by the input. Everything a
 // writer emits must be valid JSON whatever the model emits. Seeds: tests/fuzz/corpus/output.
 //
+// Alongside, a verbatim parser (raw prompts: /v1/completions, /completion, /infill) with
+// n_indent = byte 1 % 5 and the same stop sequences must show a prefix of the text, byte for byte.
+//
 // Input: byte 0 flags, byte 1 chunk size, the rest is the generated text.
 //   bit 0 start in reasoning, bit 1 parse tool calls, bit 2 forced tool call prefill,
 //   bit 3 thinking display "omitted", bit 4 a kStarted event with cache counts first,
@@ -78,6 +81,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (flags & 4) o.tool_call_prefill = "<tool_call>\n{\"name\": \"";
   o.tools = {Tool()};
   OutputParser parser(o);
+  OutputParser::Options vo;
+  vo.verbatim = true;
+  vo.min_indent = data[1] % 5;
+  vo.stop_sequences = o.stop_sequences;
+  OutputParser verbatim(vo);
+  std::vector<ParsedEvent> verbatim_events;
   const size_t step = 1 + data[1] % 16;
   const std::string_view text(reinterpret_cast<const char*>(data) + 2, size - 2);
   AnthropicOptions ao;
@@ -123,11 +132,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     size_t n = std::min(step, text.size() - i);
     while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) ++n;  // no split character
     parser.Feed(text.substr(i, n), &events);
+    verbatim.Feed(text.substr(i, n), &verbatim_events);
     flush();
     i += n;
   }
   parser.Finish(&events);
   flush();
+  verbatim.Finish(&verbatim_events);
+  std::string shown;
+  for (const ParsedEvent& e : verbatim_events) shown += e.text;
+  if (text.substr(0, shown.size()) != shown) {
+    std::fprintf(stderr, "the verbatim parser showed text that was not generated\n");
+    std::abort();
+  }
   StreamEvent done;
   done.kind = StreamEvent::Kind::kDone;
   done.finish = parser.stopped() ? FinishReason::kStopSequence : FinishReason::kEndTurn;
