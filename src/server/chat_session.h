@@ -84,7 +84,7 @@ struct RawPrompt {
 };
 
 struct ChatRequest {
-  RawPrompt raw;  // on: no messages, template, tools, reasoning or structured output
+  RawPrompt raw;  // on: no messages, template, tools or reasoning (`format` still constrains)
   std::vector<ChatMessage> messages;
   std::vector<CacheCut> cache_cuts;  // in request order (tools, system, messages); at most 4
   ChatRenderOptions render;          // tools, system suffix, assistant prefix, continue_final

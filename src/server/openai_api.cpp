@@ -84,6 +84,28 @@ void AppendLegacyLogprob(const Tokenizer& tok, const TokenLogprob& t, int64_t* o
   *offset += Utf8Chars(tok.TokenToPiece(t.id, /*render_special=*/false));
 }
 
+// response_format: text, json_object, or json_schema with its schema.
+std::optional<ApiError> ParseResponseFormat(const Json& body, ChatRequest* req) {
+  const Json* response_format = nullptr;
+  if (auto e = OptObject(body, "response_format", "", &response_format)) return e;
+  std::string format_type = "text";
+  if (response_format != nullptr)
+    if (auto e = OptString(*response_format, "type", "response_format", &format_type)) return e;
+  if (format_type == "json_object") {
+    req->format = OutputFormat::kJsonObject;
+  } else if (format_type == "json_schema") {
+    const Json* js = nullptr;
+    if (auto e = OptObject(*response_format, "json_schema", "response_format", &js)) return e;
+    if (js == nullptr || !js->contains("schema") || !(*js)["schema"].is_object())
+      return InvalidRequest("response_format.json_schema.schema: field required (a JSON schema object)");
+    req->format = OutputFormat::kJsonSchema;
+    req->format_schema = (*js)["schema"];
+  } else if (format_type != "text") {
+    return InvalidRequest("response_format.type: expected \"text\", \"json_object\" or \"json_schema\"");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseOpenAICommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
@@ -252,23 +274,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
     req->logprobs = std::max(req->logprobs, 0);
     if (sm.model != nullptr) opts->tokenizer = &sm.model->tokenizer();  // parse-only callers have no model
   }
-  const Json* response_format = nullptr;
-  if (auto e = OptObject(body, "response_format", "", &response_format)) return e;
-  std::string format_type = "text";
-  if (response_format != nullptr)
-    if (auto e = OptString(*response_format, "type", "response_format", &format_type)) return e;
-  if (format_type == "json_object") {
-    req->format = OutputFormat::kJsonObject;
-  } else if (format_type == "json_schema") {
-    const Json* js = nullptr;
-    if (auto e = OptObject(*response_format, "json_schema", "response_format", &js)) return e;
-    if (js == nullptr || !js->contains("schema") || !(*js)["schema"].is_object())
-      return InvalidRequest("response_format.json_schema.schema: field required (a JSON schema object)");
-    req->format = OutputFormat::kJsonSchema;
-    req->format_schema = (*js)["schema"];
-  } else if (format_type != "text") {
-    return InvalidRequest("response_format.type: expected \"text\", \"json_object\" or \"json_schema\"");
-  }
+  if (auto e = ParseResponseFormat(body, req)) return e;
   std::string reasoning_effort;
   if (auto e = OptString(body, "reasoning_effort", "", &reasoning_effort)) return e;
   // For templates that take one (gpt-oss's low / medium / high); other values are ignored.
@@ -495,6 +501,8 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
   if (auto e = ParseOpenAICommon(body, req, opts)) return e;
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
     return InvalidRequest("best_of: only 1 is supported");
+  // vLLM's extension: the continuation constrained as on the chat endpoint.
+  if (auto e = ParseResponseFormat(body, req)) return e;
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     const Json& l = body["logprobs"];
     if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 20)

@@ -139,3 +139,16 @@ def test_bad_requests_are_400(server, body, needle):
     r = requests.post(server.base_url + "/v1/completions", json={"model": "m", "max_tokens": 4, **body})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert needle in r.json()["error"]["message"]
+
+
+def test_response_format_constrains_the_continuation(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"], "additionalProperties": False}
+    r = client.completions.create(model="m", prompt="A user record in JSON: ", max_tokens=60, temperature=0,
+                                  extra_body={"response_format": {"type": "json_schema",
+                                                                  "json_schema": {"name": "u", "schema": schema}}})
+    d = json.loads(r.choices[0].text)
+    assert set(d) == {"name", "n"} and isinstance(d["n"], int) and isinstance(d["name"], str)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="m", prompt="x", max_tokens=4,
+                                  extra_body={"response_format": {"type": "yaml"}})
