@@ -449,6 +449,17 @@ std::optional<ApiError> SetConstraint(const ServedModel& sm, ConstraintRequest c
 
 }  // namespace
 
+std::optional<ApiError> PrepareChoice(const PreparedChat& first, int choice, PreparedChat* out) {
+  *out = first;
+  out->choice = choice;
+  if (out->params.seeded) out->params.seed += static_cast<uint64_t>(choice);
+  if (first.params.constraint == nullptr) return std::nullopt;
+  Result<std::shared_ptr<TokenConstraint>> c = BuildOutputConstraint(first.constraint_request, first.masker);
+  if (!c.ok()) return InvalidRequest(c.status().message());
+  out->params.constraint = std::move(*c);
+  return std::nullopt;
+}
+
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out, bool for_generation) {
   if (req.raw.on) {  // /v1/completions, /completion, /infill: the prompt as it is, the output as plain text
     if (auto e = req.raw.infill ? EncodeInfillPrompt(sm, req.raw, req.max_tokens, &out->prompt, &out->prompt_trimmed)
@@ -578,6 +589,7 @@ struct Session {
   std::vector<TokenLogprob> logprobs;  // of tokens no event has carried yet
   bool token_ids = false;
   std::vector<TokenId> ids;  // with token_ids: tokens no event has carried yet
+  int choice = 0;
   // t_max_predict_ms: the clock starts at the first token and runs out once a newline is out.
   int64_t max_predict_ms = 0;
   std::chrono::steady_clock::time_point first_token;
@@ -634,6 +646,7 @@ struct Session {
       logprobs.clear();
       ev.tokens = std::move(ids);
       ids.clear();
+      ev.choice = choice;
       channel->Push(std::move(ev));
     }
     events.clear();
@@ -695,6 +708,7 @@ struct Session {
     parser.Finish(&events);
     Flush();
     StreamEvent ev;
+    ev.choice = choice;
     if (!r.ok()) {
       ev.kind = StreamEvent::Kind::kError;
       // Shutting down: overloaded_error (529), which clients retry; the stream ends with an
@@ -761,6 +775,7 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   session->constraint_request = std::move(prepared.constraint_request);
   session->masker = std::move(prepared.masker);
   session->token_ids = prepared.token_ids;
+  session->choice = prepared.choice;
   session->max_predict_ms = prepared.max_predict_ms;
   auto job = std::make_shared<EngineJob>();
   job->prompt = std::move(prepared.prompt);
@@ -774,6 +789,7 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
   job->on_start = [session](const JobResult& r) {
     StreamEvent ev;
     ev.kind = StreamEvent::Kind::kStarted;
+    ev.choice = session->choice;
     ev.input_tokens = r.prompt_tokens;
     ev.cache_read_tokens = r.cache_read_tokens;
     ev.cache_creation_5m_tokens = r.cache_creation_5m_tokens;

@@ -165,6 +165,7 @@ struct PreparedChat {
   ConstraintRequest constraint_request;
   std::shared_ptr<const TokenMasker> masker;
   std::vector<CacheBreakpoint> cache_breakpoints;  // sorted by end, distinct ends
+  int choice = 0;                                  // of the request's n (OpenAI), on every event
   bool prompt_trimmed = false;                     // RawPrompt::infill: a part was cut to fit
   int64_t max_predict_ms = 0;                      // ChatRequest's
   bool token_ids = false;
@@ -195,6 +196,10 @@ std::vector<CacheBreakpoint> MapCacheCuts(const ServedModel& sm, const ChatReque
 std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, PreparedChat* out,
                                     bool for_generation = true);
 
+// Choice `choice` (> 0) of a request for several (OpenAI's n): a copy of `first` with a grammar
+// constraint of its own (a constraint holds one generation's state) and, when seeded, seed + choice.
+std::optional<ApiError> PrepareChoice(const PreparedChat& first, int choice, PreparedChat* out);
+
 enum class FinishReason { kEndTurn, kMaxTokens, kStopSequence, kToolUse, kCancelled };
 
 struct StreamEvent {
@@ -212,6 +217,7 @@ struct StreamEvent {
   std::vector<TokenLogprob> prompt_logprobs;
   // With ChatRequest::token_ids: the ids generated since the previous event (as logprobs).
   std::vector<TokenId> tokens;
+  int choice = 0;                        // PreparedChat::choice
   nlohmann::ordered_json server_result;  // kServerTool: the tool_search_tool_result's content
   // kStarted and kDone (the counts), kDone (the rest):
   FinishReason finish = FinishReason::kEndTurn;

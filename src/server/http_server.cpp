@@ -102,6 +102,58 @@ struct RequestCount {
   std::shared_ptr<EngineJob> job;     // once submitted: a cancelled job means the client left
 };
 
+// Whether `ev` ends the response: an error, or the end of its last open choice (a writer that
+// writes several, Choices, counts them; the others have one).
+template <typename Writer>
+bool StreamOver(const Writer& w, const StreamEvent& ev) {
+  if (ev.kind == StreamEvent::Kind::kError) return true;
+  if (ev.kind != StreamEvent::Kind::kDone) return false;
+  if constexpr (requires { w.open(); }) {
+    return w.open() <= 1;  // this kDone closes the last one
+  } else {
+    return true;
+  }
+}
+
+// OpenAI's n: one writer per choice (OpenAIWriter or CompletionWriter, options index i,
+// choice_of_many when n > 1, one id), events routed by StreamEvent::choice; the stream ends once
+// every choice has, with one usage chunk (every choice's tokens) and [DONE].
+template <typename W>
+class Choices {
+ public:
+  Choices(std::vector<std::shared_ptr<W>> ws, const char* chunk_object)
+      : ws_(std::move(ws)), open_(ws_.size()), chunk_object_(chunk_object) {}
+  size_t open() const { return open_; }
+  std::string Start() {
+    std::string s;
+    for (const auto& w : ws_) s += w->Start();
+    return s;
+  }
+  std::string Event(const StreamEvent& ev) {
+    W& w = *ws_[static_cast<size_t>(std::clamp<int>(ev.choice, 0, static_cast<int>(ws_.size()) - 1))];
+    if (ev.kind != StreamEvent::Kind::kDone) return w.Event(ev);
+    output_tokens_ += ev.output_tokens;
+    open_ -= open_ > 0 ? 1 : 0;
+    std::string s = w.Event(ev);
+    if (ws_.size() > 1 && open_ == 0) s += w.EndOfChoices(chunk_object_, output_tokens_);
+    return s;
+  }
+  nlohmann::ordered_json Completion() {
+    nlohmann::ordered_json c = ws_[0]->Completion();
+    if (ws_.size() == 1) return c;
+    for (size_t i = 1; i < ws_.size(); ++i) c["choices"].push_back(ws_[i]->Completion()["choices"][0]);
+    c["usage"]["completion_tokens"] = output_tokens_;
+    c["usage"]["total_tokens"] = c["usage"]["prompt_tokens"].get<int64_t>() + output_tokens_;
+    return c;
+  }
+
+ private:
+  std::vector<std::shared_ptr<W>> ws_;
+  size_t open_;
+  const char* chunk_object_;
+  int64_t output_tokens_ = 0;
+};
+
 bool IsLoopbackBind(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -222,10 +274,19 @@ struct HttpServer::Impl {
   std::unique_ptr<HttpTransport> transport;
 
   // Per-request state shared between the handler and the streaming provider.
+  // One request's jobs (OpenAI's n: one per choice, all on one channel) and its socket.
   struct Pending {
     std::shared_ptr<EventChannel> channel = std::make_shared<EventChannel>();
-    std::shared_ptr<EngineJob> job;
+    std::shared_ptr<EngineJob> job;                  // the first
+    std::vector<std::shared_ptr<EngineJob>> others;  // the other choices'
     int fd = -1;
+    void Cancel() const { CancelExcept(-1); }
+    // A choice failed: the others stop (its own job has ended; it is not counted as cancelled).
+    void CancelExcept(int choice) const {
+      if (choice != 0) job->Cancel();
+      for (size_t i = 0; i < others.size(); ++i)
+        if (static_cast<int>(i) + 1 != choice) others[i]->Cancel();
+    }
   };
 
   Json ModelEntry() const {
@@ -247,9 +308,16 @@ struct HttpServer::Impl {
   // Submits the prepared chat; on error the response is already set.
   bool Submit(HttpResponse& res, Api api, const HttpRequest& req, PreparedChat prepared, Pending* p) {
     p->fd = req.fd;
-    if (auto e = StartChat(sm, std::move(prepared), p->channel, &p->job)) {
+    std::shared_ptr<EngineJob> job;
+    if (auto e = StartChat(sm, std::move(prepared), p->channel, &job)) {
+      if (p->job) p->Cancel();  // the choices already submitted
       SetError(res, api, *e);
       return false;
+    }
+    if (p->job) {
+      p->others.push_back(std::move(job));
+    } else {
+      p->job = std::move(job);
     }
     return true;
   }
@@ -263,9 +331,10 @@ struct HttpServer::Impl {
     for (;;) {
       StreamEvent ev;
       if (p.channel->Pop(&ev, std::chrono::milliseconds(100))) {
-        if (ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError) {
+        if (StreamOver(w, ev)) {
+          if (ev.kind == StreamEvent::Kind::kError) p.CancelExcept(ev.choice);
           *last = std::move(ev);
-          return !p.job->cancelled;
+          return !p.job->cancelled || last->kind == StreamEvent::Kind::kError;
         }
         w.Event(ev);
       }
@@ -273,7 +342,7 @@ struct HttpServer::Impl {
         next_check = Clock::now() + std::chrono::milliseconds(100);
         if (!p.job->cancelled && PeerClosed(p.fd)) {
           MR_LOGI("http", "client went away; cancelling its generation");
-          p.job->Cancel();
+          p.Cancel();
         }
       }
     }
@@ -293,7 +362,7 @@ struct HttpServer::Impl {
       auto send = [&](const std::string& s) { return s.empty() || write(s); };
       auto cancel = [&] {
         MR_LOGI("http", "client went away during a stream; cancelling its generation");
-        p->job->Cancel();
+        p->Cancel();
         return false;
       };
       // A failure ends this stream (and its generation) only.
@@ -313,12 +382,15 @@ struct HttpServer::Impl {
               last_write = Clock::now();
               if (ev.kind == StreamEvent::Kind::kStarted) continue;
             }
-            const bool end = ev.kind == StreamEvent::Kind::kDone || ev.kind == StreamEvent::Kind::kError;
+            const bool end = StreamOver(*w, ev);
             const std::string s = w->Event(ev);
             if (!send(s)) return cancel();
             if (!s.empty()) last_write = Clock::now();
             if (end) {
-              if (ev.kind == StreamEvent::Kind::kError) count->outcome = Outcome::kError;
+              if (ev.kind == StreamEvent::Kind::kError) {
+                count->outcome = Outcome::kError;
+                p->CancelExcept(ev.choice);
+              }
               return true;
             }
           } else {
@@ -332,13 +404,13 @@ struct HttpServer::Impl {
       } catch (const std::exception& e) {
         MR_LOGE("http", "stream failed: %s", e.what());
         count->outcome = Outcome::kError;
-        p->job->Cancel();
+        p->Cancel();
         return false;
       }
     };
     // Also when the stream never ran (the head could not be written).
     res.on_stream_end = [p](bool completed) {
-      if (!completed) p->job->Cancel();
+      if (!completed) p->Cancel();
     };
   }
 
@@ -398,10 +470,24 @@ struct HttpServer::Impl {
     PreparedChat prepared;
     if (auto e = PrepareChat(sm, std::move(chat), &prepared)) return SetError(res, Api::kOpenAI, *e);
     const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
+    // n choices: n sequences of the same prompt (each prefills it: they start together).
+    std::vector<PreparedChat> choices(static_cast<size_t>(oopts.n));
+    for (int i = 1; i < oopts.n; ++i)
+      if (auto e = PrepareChoice(prepared, i, &choices[static_cast<size_t>(i)])) return SetError(res, Api::kOpenAI, *e);
+    choices[0] = std::move(prepared);
     auto p = std::make_shared<Pending>();
-    if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
+    for (PreparedChat& c : choices)
+      if (!Submit(res, Api::kOpenAI, req, std::move(c), p.get())) return;
     count->job = p->job;
-    auto w = make(oopts, n_prompt, echo);
+    using W = typename decltype(make(oopts, n_prompt, echo))::element_type;
+    std::vector<std::shared_ptr<W>> writers;
+    oopts.choice_of_many = oopts.n > 1;
+    for (int i = 0; i < oopts.n; ++i) {
+      oopts.index = i;
+      writers.push_back(make(oopts, n_prompt, echo));
+      oopts.id = writers.back()->id();  // one id for every choice
+    }
+    auto w = std::make_shared<Choices<W>>(std::move(writers), W::kChunkObject);
     if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
     StreamEvent last;
     if (!Collect(*p, *w, &last)) return;

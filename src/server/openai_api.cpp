@@ -156,8 +156,11 @@ std::optional<ApiError> ParseOpenAICommon(const Json& body, ChatRequest* req, Op
     if (!body["seed"].is_number_integer()) return InvalidRequest("seed: expected an integer");
     req->seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
   }
-  if (body.contains("n") && !body["n"].is_null() && body["n"] != 1)
-    return InvalidRequest("n: only 1 choice per request is supported");
+  if (body.contains("n") && !body["n"].is_null()) {
+    if (!body["n"].is_number_integer() || body["n"].get<int64_t>() < 1 || body["n"].get<int64_t>() > kMaxChoices)
+      return InvalidRequest("n: expected an integer between 1 and " + std::to_string(kMaxChoices));
+    opts->n = static_cast<int>(body["n"].get<int64_t>());
+  }
   if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
     const Json& lb = body["logit_bias"];
     if (!lb.is_object()) return InvalidRequest("logit_bias: expected an object of token id -> bias");
@@ -344,7 +347,7 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
 
 OpenAIWriterBase::OpenAIWriterBase(OpenAIOptions opts, const char* id_prefix, int64_t input_tokens)
     : opts_(std::move(opts)),
-      id_(RandomId(id_prefix)),
+      id_(opts_.id.empty() ? RandomId(id_prefix) : opts_.id),
       created_(static_cast<int64_t>(std::time(nullptr))),
       input_tokens_(input_tokens) {}
 
@@ -365,6 +368,11 @@ Json OpenAIWriterBase::Usage() const {
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
 }
 
+std::string OpenAIWriterBase::EndOfChoices(const char* object, int64_t output_tokens) {
+  output_tokens_ = output_tokens;
+  return StreamEnd(object);
+}
+
 std::string OpenAIWriterBase::StreamEnd(const char* object) const {
   std::string out;
   if (opts_.include_usage) {
@@ -383,14 +391,14 @@ OpenAIWriter::OpenAIWriter(OpenAIOptions opts, int64_t input_tokens)
     : OpenAIWriterBase(std::move(opts), "chatcmpl-", input_tokens) {}
 
 std::string OpenAIWriter::Chunk(Json delta, const Json& finish) {
-  Json c = {
-      {"id", id_},
-      {"object", "chat.completion.chunk"},
-      {"created", created_},
-      {"model", opts_.model},
-      {"choices",
-       Json::array(
-           {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", TakeLogprobs()}, {"finish_reason", finish}}})}};
+  Json c = {{"id", id_},
+            {"object", "chat.completion.chunk"},
+            {"created", created_},
+            {"model", opts_.model},
+            {"choices", Json::array({{{"index", opts_.index},
+                                      {"delta", std::move(delta)},
+                                      {"logprobs", TakeLogprobs()},
+                                      {"finish_reason", finish}}})}};
   return "data: " + Dump(c) + "\n\n";
 }
 
@@ -443,7 +451,7 @@ std::string OpenAIWriter::Event(const StreamEvent& ev) {
       return Chunk({{"tool_calls", Json::array({delta_tc})}}, nullptr);
     }
     case StreamEvent::Kind::kDone:
-      return Chunk(Json::object(), finish_) + StreamEnd("chat.completion.chunk");
+      return Chunk(Json::object(), finish_) + (opts_.choice_of_many ? "" : StreamEnd("chat.completion.chunk"));
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
   }
@@ -460,7 +468,7 @@ Json OpenAIWriter::Completion() {
           {"created", created_},
           {"model", opts_.model},
           {"choices",
-           Json::array({{{"index", 0},
+           Json::array({{{"index", opts_.index},
                          {"message", msg},
                          {"logprobs", opts_.logprobs ? Json{{"content", lp_content_}, {"refusal", nullptr}} : Json()},
                          {"finish_reason", finish_}}})},
@@ -499,8 +507,8 @@ std::optional<ApiError> ParseCompletionRequest(const Json& body, const ServedMod
   req->max_tokens = 16;  // the API's default
   if (auto e = OptBool(body, "echo", "", &opts->echo)) return e;
   if (auto e = ParseOpenAICommon(body, req, opts)) return e;
-  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != 1)
-    return InvalidRequest("best_of: only 1 is supported");
+  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != opts->n)
+    return InvalidRequest("best_of: only equal to n is supported (every choice generated is returned)");
   // vLLM's extension: the continuation constrained as on the chat endpoint.
   if (auto e = ParseResponseFormat(body, req)) return e;
   if (body.contains("logprobs") && !body["logprobs"].is_null()) {
@@ -531,7 +539,8 @@ std::string CompletionWriter::Chunk(const std::string& text, const Json& finish)
       {"created", created_},
       {"model", opts_.model},
       {"choices",
-       Json::array({{{"text", text}, {"index", 0}, {"logprobs", TakeLogprobs()}, {"finish_reason", finish}}})}};
+       Json::array(
+           {{{"text", text}, {"index", opts_.index}, {"logprobs", TakeLogprobs()}, {"finish_reason", finish}}})}};
   return "data: " + Dump(c) + "\n\n";
 }
 
@@ -574,7 +583,7 @@ std::string CompletionWriter::Event(const StreamEvent& ev) {
       return "";  // no tools on this endpoint
     case StreamEvent::Kind::kDone:
       if (!ev.prompt_logprobs.empty()) AddPromptLogprobs(ev.prompt_logprobs);
-      return Chunk("", finish_) + StreamEnd("text_completion");
+      return Chunk("", finish_) + (opts_.choice_of_many ? "" : StreamEnd("text_completion"));
     case StreamEvent::Kind::kError:
       return "data: " + OpenAIErrorBody(ev.error) + "\n\n";
   }
@@ -588,7 +597,7 @@ Json CompletionWriter::Completion() {
           {"created", created_},
           {"model", opts_.model},
           {"choices", Json::array({{{"text", text_},
-                                    {"index", 0},
+                                    {"index", opts_.index},
                                     {"logprobs", opts_.logprobs ? lp_all_ : Json()},
                                     {"finish_reason", finish_}}})},
           {"usage", Usage()}};

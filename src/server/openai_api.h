@@ -20,7 +20,16 @@ struct OpenAIOptions {
   bool logprobs = false;
   const Tokenizer* tokenizer = nullptr;
   bool echo = false;  // /v1/completions: the prompt's text opens the output
+  // n: choices generated independently (each its own sequence); each writer writes one, with
+  // index `index`, and all share `id`. choice_of_many: the last chunk leaves the usage chunk and
+  // [DONE] to EndOfChoices, called once every choice has finished.
+  int n = 1;
+  int index = 0;
+  bool choice_of_many = false;
+  std::string id;  // empty: a new one
 };
+
+inline constexpr int kMaxChoices = 16;
 
 // The fields both OpenAI endpoints share (llama.cpp's too, their own spellings mapped to these):
 // stream, stream_options, max_tokens, stop, temperature, top_p, seed, n, logit_bias (an object),
@@ -43,6 +52,12 @@ class OpenAIWriterBase {
   // After the last choice chunk: the usage chunk (stream_options.include_usage) and [DONE].
   std::string StreamEnd(const char* object) const;
 
+ public:
+  // choice_of_many: the end of the stream, with every choice's output tokens counted.
+  std::string EndOfChoices(const char* object, int64_t output_tokens);
+  const std::string& id() const { return id_; }
+
+ protected:
   OpenAIOptions opts_;
   std::string id_;
   int64_t created_ = 0;
@@ -53,8 +68,9 @@ class OpenAIWriterBase {
   std::vector<TokenLogprob> lp_pending_;  // not yet in a chunk
 };
 
-class OpenAIWriter : private OpenAIWriterBase {
+class OpenAIWriter : public OpenAIWriterBase {
  public:
+  static constexpr const char* kChunkObject = "chat.completion.chunk";
   OpenAIWriter(OpenAIOptions opts, int64_t input_tokens);
   std::string Start();                       // the first chunk (role)
   std::string Event(const StreamEvent& ev);  // kDone also writes the usage chunk and [DONE]
@@ -78,8 +94,9 @@ class OpenAIWriter : private OpenAIWriterBase {
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::ordered_json& body, const ServedModel& sm,
                                                ChatRequest* req, OpenAIOptions* opts);
 
-class CompletionWriter : private OpenAIWriterBase {
+class CompletionWriter : public OpenAIWriterBase {
  public:
+  static constexpr const char* kChunkObject = "text_completion";
   // `echo`: the prompt's text when the request asked for it (it opens the output), else "".
   CompletionWriter(OpenAIOptions opts, int64_t input_tokens, std::string echo);
   std::string Start();  // the echoed prompt's chunk, or nothing

@@ -133,7 +133,8 @@ def test_prompt_text_never_becomes_control_tokens(client, mererun_bin):
     ({"prompt": "a", "logprobs": 21}, "logprobs:"),
     ({"prompt": "a", "best_of": 2}, "best_of"),
     ({"prompt": [1, 2], "suffix": "x"}, "suffix: not with a token-array prompt"),
-    ({"prompt": "a", "n": 2}, "n:"),
+    ({"prompt": "a", "n": 0}, "n:"),
+    ({"prompt": "a", "n": 2, "best_of": 3}, "best_of"),
 ])
 def test_bad_requests_are_400(server, body, needle):
     r = requests.post(server.base_url + "/v1/completions", json={"model": "m", "max_tokens": 4, **body})

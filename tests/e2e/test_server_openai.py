@@ -61,7 +61,7 @@ def test_max_tokens_stop_seed(client):
 
 def test_error_envelope(client, server):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=MSGS, n=2)
+        client.chat.completions.create(model="m", messages=MSGS, n=0)
     assert "n:" in e.value.body["message"]
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
@@ -182,3 +182,74 @@ def test_seeded_sampling_does_not_draft(server):
     assert seeded.status_code == 200 and seeded.headers["x-mererun-draft-tokens"] == "0"
     drafted = sum(int(requests.post(url, headers=headers, json=body).headers["x-mererun-draft-tokens"]) for _ in range(3))
     assert drafted > 0
+
+
+def test_n_choices_plain_and_streamed(client):
+    """n: independent samples of one prompt, one response id; choice i of a seeded request is the
+    single request seeded seed + i, streamed or not; usage counts every choice's tokens."""
+    kw = dict(model="m", messages=MSGS, max_tokens=24, temperature=1.0, top_p=1.0, seed=11, logprobs=True)
+    r = client.chat.completions.create(n=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    singles = [client.chat.completions.create(**{**kw, "seed": 11 + i}).choices[0] for i in range(3)]
+    assert [c.message.content for c in r.choices] == [s.message.content for s in singles]
+    assert [c.finish_reason for c in r.choices] == [s.finish_reason for s in singles]
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **kw))
+    assert len({c.id for c in chunks}) == 1
+    texts = ["", "", ""]
+    finishes = [None, None, None]
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            finishes[ch.index] = ch.finish_reason or finishes[ch.index]
+    assert texts == [s.message.content for s in singles] and None not in finishes
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and chunks[-1].usage is not None
+    assert usage[0].completion_tokens == r.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(n=17, **kw)
+
+
+def test_n_choices_each_keep_their_constraint(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=40, temperature=1.0, n=3,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "c", "schema": schema}})
+    assert len(r.choices) == 3
+    for c in r.choices:
+        assert set(json.loads(c.message.content)) == {"city"}
+
+
+def test_n_on_text_completions(client):
+    r = client.completions.create(model="m", prompt="The sky is", max_tokens=8, temperature=1.0, n=2, best_of=2,
+                                  seed=3)
+    assert [c.index for c in r.choices] == [0, 1]
+    single = client.completions.create(model="m", prompt="The sky is", max_tokens=8, temperature=1.0, seed=4)
+    assert r.choices[1].text == single.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="m", prompt="x", max_tokens=2, n=2, best_of=3)
+
+
+def test_n_choices_are_all_cancelled_when_the_client_leaves(server):
+    """Every choice's sequence stops when the client goes, streamed or not."""
+    import time
+    # No end of turn (SmolLM2's <|endoftext|> 0 and <|im_end|> 2): 400 tokens per choice.
+    body = {"model": "m", "messages": MSGS, "max_tokens": 400, "temperature": 1.0, "n": 3, "stream": True,
+            "logit_bias": {"0": -100, "2": -100}}
+    h = {"Authorization": "Bearer " + KEY}
+    r = requests.post(server.base_url + "/v1/chat/completions", json=body, headers=h, stream=True, timeout=60)
+    lines = r.iter_lines()
+    for _ in range(4):
+        next(lines)
+    r.close()
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.base_url + "/v1/chat/completions", json={**body, "stream": False}, headers=h, timeout=1.5)
+    deadline = time.time() + 5  # well under what 3 x 400 tokens take here
+    while True:
+        st = requests.get(server.base_url + "/health", timeout=10).json()
+        if st["active"] == 0 and st["queued"] == 0:
+            break
+        assert time.time() < deadline, st
+        time.sleep(0.2)
