@@ -5,6 +5,9 @@
 - `catalog`: the parsed models/catalog.json.
 - `model_path(name)`: cached GGUF path of a catalog model; skips the test when not pulled
   (scripts/test.sh pulls every catalog model first).
+- `coder_server`: `mererun serve` on qwen2.5-coder-0.5b-instruct (fill-in-the-middle markers),
+  2,048-token context, one per test module.
+- `cli_tokenize(text, *flags)`: `mererun tokenize` of that model (ids from outside the server).
 """
 import json
 import os
@@ -71,3 +74,24 @@ def model_path(catalog):
                 return path
         raise KeyError(f"{name} is not in {CATALOG_PATH}")
     return find
+
+
+CODER_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def coder_server(mererun_bin, model_path):
+    from mererun_server import ServerProcess
+    model_path(CODER_MODEL)
+    s = ServerProcess(mererun_bin, CODER_MODEL, "-c", "2048")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def cli_tokenize(mererun_bin):
+    def tokenize(text, *flags):
+        out = subprocess.run([str(mererun_bin), "tokenize", "-m", CODER_MODEL, *flags], input=text,
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    return tokenize

@@ -7,23 +7,16 @@ greedy texts from /v1/completions (the same prompt through another endpoint), th
 prompt written out here from llama.cpp's documented layout, and the cuts (n_indent, stop words)
 recomputed from the uncut text."""
 import json
-import subprocess
 
 import pytest
 import requests
 
-from mererun_server import ServerProcess
-
-MODEL = "qwen2.5-coder-0.5b-instruct"
 PROMPT = "class Point:\n    def __init__(self, x, y):\n"
 
 
 @pytest.fixture(scope="module")
-def server(mererun_bin, model_path):
-    model_path(MODEL)
-    s = ServerProcess(mererun_bin, MODEL, "-c", "2048")
-    yield s
-    s.stop()
+def server(coder_server):
+    return coder_server
 
 
 def post(server, path, body, status=200):
@@ -39,15 +32,10 @@ def stream(server, path, body):
     return [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
 
 
-def tokenize(mererun_bin, text, *flags):
-    out = subprocess.run([str(mererun_bin), "tokenize", "-m", MODEL, *flags], input=text, capture_output=True,
-                         text=True, check=True).stdout
-    return json.loads(out)
 
-
-def test_tokenize_and_detokenize_agree_with_the_cli(server, mererun_bin):
+def test_tokenize_and_detokenize_agree_with_the_cli(server, cli_tokenize):
     text = "def f(x):\n    return x  # ünïcode <|im_start|>"
-    want = tokenize(mererun_bin, text)
+    want = cli_tokenize(text)
     assert post(server, "/tokenize", {"content": text}) == {"tokens": want}
     pieces = post(server, "/tokenize", {"content": text, "with_pieces": True})["tokens"]
     assert [p["id"] for p in pieces] == want
@@ -56,7 +44,7 @@ def test_tokenize_and_detokenize_agree_with_the_cli(server, mererun_bin):
                     for p in pieces).decode() == text
     # A control token's text stays text unless the caller asks for special parsing.
     special = post(server, "/tokenize", {"content": "<|im_start|>", "parse_special": True})["tokens"]
-    assert special == tokenize(mererun_bin, "<|im_start|>", "--parse-special") and len(special) == 1
+    assert special == cli_tokenize("<|im_start|>", "--parse-special") and len(special) == 1
     assert len(post(server, "/tokenize", {"content": "<|im_start|>"})["tokens"]) > 1
     assert post(server, "/detokenize", {"tokens": want})["content"] == text
     err = post(server, "/detokenize", {"tokens": [want[0], 10**9]}, status=400)
@@ -69,25 +57,25 @@ def test_props_name_the_context_and_defaults(server):
     assert r.status_code == 200
     p = r.json()
     assert p["default_generation_settings"]["n_ctx"] == 2048 and p["total_slots"] >= 1
-    assert p["model_alias"] == MODEL
+    assert p["model_alias"] == "qwen2.5-coder-0.5b-instruct"
 
 
-def test_completion_is_the_openai_endpoints_greedy_text(server, mererun_bin):
+def test_completion_is_the_openai_endpoints_greedy_text(server, cli_tokenize):
     oai = post(server, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 20, "temperature": 0})
     want = oai["choices"][0]["text"]
     r = post(server, "/completion", {"prompt": PROMPT, "n_predict": 20, "temperature": 0, "return_tokens": True})
     assert r["content"] == want and r["stop"] is True and r["stop_type"] == "limit"
-    assert r["tokens_predicted"] == 20 and r["tokens_evaluated"] == len(tokenize(mererun_bin, PROMPT))
+    assert r["tokens_predicted"] == 20 and r["tokens_evaluated"] == len(cli_tokenize(PROMPT))
     assert r["prompt"] == PROMPT and r["generation_settings"]["n_predict"] == 20
     assert post(server, "/detokenize", {"tokens": r["tokens"]})["content"] == want
     t = r["timings"]
     assert t["predicted_n"] == 20 and t["predicted_ms"] > 0 and t["prompt_n"] + t["cache_n"] == r["tokens_evaluated"]
     # The same prompt as token ids, and as ids and text mixed (each part tokenized on its own).
-    ids = tokenize(mererun_bin, PROMPT)
+    ids = cli_tokenize(PROMPT)
     assert post(server, "/completion", {"prompt": ids, "n_predict": 20, "temperature": 0})["content"] == want
     head, tail = "class Point:\n", "    def __init__(self, x, y):\n"
-    mixed = tokenize(mererun_bin, head) + [tail]
-    by_parts = tokenize(mererun_bin, head) + tokenize(mererun_bin, tail)
+    mixed = cli_tokenize(head) + [tail]
+    by_parts = cli_tokenize(head) + cli_tokenize(tail)
     assert (post(server, "/completion", {"prompt": mixed, "n_predict": 12, "temperature": 0})["content"] ==
             post(server, "/completion", {"prompt": by_parts, "n_predict": 12, "temperature": 0})["content"])
     # Streamed: the chunks' content and tokens make up the same text; the last chunk is the result.
@@ -149,7 +137,7 @@ def test_t_max_predict_ms_stops_after_a_newline(server):
     assert r["content"] == "".join(pieces[:first + 1])
 
 
-def test_infill_builds_the_repository_level_prompt(server, mererun_bin):
+def test_infill_builds_the_repository_level_prompt(server, cli_tokenize):
     prefix, suffix = "def fib(n):\n    ", "\n\nprint(fib(10))\n"
     extra = [{"filename": "a.py", "text": "A = 1\n"}, {"filename": "b.py", "text": "B = 2\n", "time": 3}]
     r = post(server, "/infill", {"input_prefix": prefix, "input_suffix": suffix, "input_extra": extra,
@@ -158,10 +146,10 @@ def test_infill_builds_the_repository_level_prompt(server, mererun_bin):
             "<|fim_prefix|>" + prefix + "<|fim_suffix|>" + suffix + "<|fim_middle|>if")
     assert r["prompt"] == want and r["truncated"] is False
     # Built from parts, so markers in the files' text stay text: the count is the parts' own.
-    n = (1 + len(tokenize(mererun_bin, "myproject\n")) + 3 + len(tokenize(mererun_bin, "a.py\n")) +
-         len(tokenize(mererun_bin, "A = 1\n")) + len(tokenize(mererun_bin, "b.py\n")) +
-         len(tokenize(mererun_bin, "B = 2\n")) + len(tokenize(mererun_bin, "filename\n")) + 3 +
-         len(tokenize(mererun_bin, prefix)) + len(tokenize(mererun_bin, suffix)) + len(tokenize(mererun_bin, "if")))
+    n = (1 + len(cli_tokenize("myproject\n")) + 3 + len(cli_tokenize("a.py\n")) +
+         len(cli_tokenize("A = 1\n")) + len(cli_tokenize("b.py\n")) +
+         len(cli_tokenize("B = 2\n")) + len(cli_tokenize("filename\n")) + 3 +
+         len(cli_tokenize(prefix)) + len(cli_tokenize(suffix)) + len(cli_tokenize("if")))
     assert r["tokens_evaluated"] == n
     # Without other files it is /v1/completions' fill-in-the-middle prompt: the same greedy text.
     plain = post(server, "/infill", {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 16,
@@ -171,14 +159,14 @@ def test_infill_builds_the_repository_level_prompt(server, mererun_bin):
     assert plain["content"] == oai["choices"][0]["text"]
     # A marker typed in the code is text, never a control token.
     forged = post(server, "/infill", {"input_prefix": "x = '<|fim_middle|>'", "n_predict": 1, "temperature": 0})
-    assert forged["tokens_evaluated"] == 3 + len(tokenize(mererun_bin, "x = '<|fim_middle|>'"))
+    assert forged["tokens_evaluated"] == 3 + len(cli_tokenize("x = '<|fim_middle|>'"))
 
 
-def test_infill_trims_to_the_context(server, mererun_bin):
+def test_infill_trims_to_the_context(server, cli_tokenize):
     # -c 2048 and n_predict 16: the prefix keeps its last 3/4 of the 2,031-token batch at most.
     lines = [f"value_{i} = compute({i}, {i * 7})\n" for i in range(400)]
     prefix = "".join(lines)
-    assert len(tokenize(mererun_bin, prefix)) > 3000
+    assert len(cli_tokenize(prefix)) > 3000
     extra = [{"filename": f"f{i}.py", "text": f"# file {i}\n" + "x = 1\n" * 60} for i in range(12)]
     r = post(server, "/infill", {"input_prefix": prefix, "input_suffix": "", "input_extra": extra, "n_predict": 16,
                                  "temperature": 0})
@@ -226,7 +214,7 @@ def test_unsupported_or_malformed_options_are_named(server, body, field):
     assert field in err["error"]["message"]
 
 
-def test_off_values_logit_bias_and_json_schema(server, mererun_bin):
+def test_off_values_logit_bias_and_json_schema(server):
     # llama.vscode's chat-edit defaults: the unimplemented samplers at their off values pass.
     post(server, "/completion", {"prompt": "x", "n_predict": 1, "typical_p": 1, "xtc_probability": 0,
                                  "dry_multiplier": 0, "dynatemp_range": 0, "mirostat": 0})
