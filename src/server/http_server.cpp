@@ -12,6 +12,7 @@
 #include "server/connection.h"
 #include "server/http_transport.h"
 #include "server/llamacpp_api.h"
+#include "server/ollama_api.h"
 #include "server/openai_api.h"
 
 namespace mr::server {
@@ -20,7 +21,11 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-enum class Api { kAnthropic, kOpenAI };
+enum class Api { kAnthropic, kOpenAI, kOllama };
+
+bool IsOllamaPath(const std::string& path) {
+  return path.rfind("/api/", 0) == 0;
+}
 
 // llama.cpp's own endpoints (llamacpp_api.h); their errors have the OpenAI shape, as llama.cpp's do.
 bool IsLlamaPath(const std::string& path) {
@@ -29,6 +34,7 @@ bool IsLlamaPath(const std::string& path) {
 }
 
 Api ApiOfPath(const std::string& path) {
+  if (IsOllamaPath(path)) return Api::kOllama;
   return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 || IsLlamaPath(path)
              ? Api::kOpenAI
              : Api::kAnthropic;
@@ -37,7 +43,10 @@ Api ApiOfPath(const std::string& path) {
 void SetError(HttpResponse& res, Api api, const ApiError& e) {
   res.status = HttpStatus(e.type);
   if (e.retry_after_s > 0) res.SetHeader("retry-after", std::to_string(e.retry_after_s));
-  res.SetContent(api == Api::kOpenAI ? OpenAIErrorBody(e) : AnthropicErrorBody(e), "application/json");
+  res.SetContent(api == Api::kOpenAI   ? OpenAIErrorBody(e)
+                 : api == Api::kOllama ? OllamaErrorBody(e)
+                                       : AnthropicErrorBody(e),
+                 "application/json");
 }
 
 // Long text (request bodies, prompts) to stderr at debug level, untruncated.
@@ -72,7 +81,8 @@ void LogLong(const char* what, const std::string& text) {
 // The requests counted in mererun_requests_total.
 bool IsGenerationPath(const std::string& path) {
   return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions" ||
-         path == "/completion" || path == "/completions" || path == "/infill";
+         path == "/completion" || path == "/completions" || path == "/infill" || path == "/api/chat" ||
+         path == "/api/generate";
 }
 
 Outcome OutcomeOfStatus(int status) {
@@ -85,7 +95,7 @@ Outcome OutcomeOfStatus(int status) {
 
 void CountRequest(ServerMetrics* m, Api api, Outcome o) {
   if (m != nullptr)
-    m->requests[api == Api::kOpenAI ? 1 : 0][static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+    m->requests[api == Api::kAnthropic ? 0 : 1][static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
 }
 
 // One generation request's entry in mererun_requests_total, counted when the last owner lets go:
@@ -357,7 +367,7 @@ struct HttpServer::Impl {
               std::shared_ptr<RequestCount> count) {
     const int ping_ms = opts.ping_interval_ms;
     res.SetHeader("Cache-Control", "no-cache");
-    res.content_type = "text/event-stream";
+    res.content_type = std::is_same_v<Writer, OllamaWriter> ? "application/x-ndjson" : "text/event-stream";
     res.stream = [p, w, pings, ping_ms, count](const BodyWriter& write) {
       auto send = [&](const std::string& s) { return s.empty() || write(s); };
       auto cancel = [&] {
@@ -521,6 +531,34 @@ struct HttpServer::Impl {
     res.SetContent(DumpWireJson(w->Result()), "application/json");
   }
 
+  // Ollama's /api/chat and /api/generate (streamed unless "stream": false).
+  void OllamaGenerate(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count, bool chat) {
+    LogLong(("POST " + req.path + " body").c_str(), req.body);
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOllama, *e);
+    ChatRequest request;
+    OllamaOptions oopts;
+    if (auto e = ParseOllamaRequest(body, sm, chat, &request, &oopts)) return SetError(res, Api::kOllama, *e);
+    auto w = std::make_shared<OllamaWriter>(oopts);
+    if (oopts.load_only) {  // the model is loaded: nothing to generate
+      res.SetContent(DumpWireJson(w->Result()) + (oopts.stream ? "\n" : ""),
+                     oopts.stream ? "application/x-ndjson" : "application/json");
+      return;
+    }
+    PreparedChat prepared;
+    if (auto e = PrepareChat(sm, std::move(request), &prepared)) return SetError(res, Api::kOllama, *e);
+    auto p = std::make_shared<Pending>();
+    if (!Submit(res, Api::kOllama, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
+    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
+    StreamEvent last;
+    if (!Collect(*p, *w, &last)) return;
+    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOllama, last.error);
+    SetTimingHeaders(last, res);
+    w->Event(last);
+    res.SetContent(DumpWireJson(w->Result()), "application/json");
+  }
+
   // llama.cpp's /tokenize and /detokenize.
   void Tokens(const HttpRequest& req, HttpResponse& res) {
     Json body, out;
@@ -616,9 +654,10 @@ struct HttpServer::Impl {
             {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
     }
     const bool post_route = IsGenerationPath(req.path) || req.path == "/v1/messages/count_tokens" ||
-                            req.path == "/tokenize" || req.path == "/detokenize";
+                            req.path == "/tokenize" || req.path == "/detokenize" || req.path == "/api/show";
     const bool get_route = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
-                           req.path == "/props" || (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
+                           req.path == "/props" || req.path == "/api/tags" || req.path == "/api/version" ||
+                           req.path == "/api/ps" || (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
     if (!post_route && !get_route)
       return refuse({ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
     if (req.method != (post_route ? "POST" : "GET")) {
@@ -644,6 +683,13 @@ struct HttpServer::Impl {
                          {"first_id", sm.id},
                          {"last_id", sm.id}};
       res.SetContent(body.dump(), "application/json");
+    } else if (req.path == "/api/tags" || req.path == "/api/ps" || req.path == "/api/version") {
+      const Json body = req.path == "/api/tags" ? OllamaTags(sm)
+                        : req.path == "/api/ps" ? OllamaPs(sm)
+                                                : Json{{"version", kOllamaApiVersion}};
+      res.SetContent(DumpWireJson(body), "application/json");
+    } else if (req.path == "/api/show") {
+      res.SetContent(DumpWireJson(OllamaShow(sm)), "application/json");  // any name: the served model
     } else if (req.path == "/props") {
       const EngineStatus st = sm.engine != nullptr ? sm.engine->Status() : EngineStatus{};
       res.SetContent(DumpWireJson(LlamaProps(sm, st.max_active)), "application/json");
@@ -670,7 +716,9 @@ struct HttpServer::Impl {
     if (req.path == "/tokenize" || req.path == "/detokenize") return Tokens(req, res);
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
-    if (req.path == "/completion" || req.path == "/completions" || req.path == "/infill") {
+    if (req.path == "/api/chat" || req.path == "/api/generate") {
+      OllamaGenerate(req, res, count, req.path == "/api/chat");
+    } else if (req.path == "/completion" || req.path == "/completions" || req.path == "/infill") {
       LlamaGenerate(req, res, count, req.path == "/infill");
     } else if (req.path == "/v1/completions") {
       OpenAIGenerate(

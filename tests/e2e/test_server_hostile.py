@@ -63,6 +63,16 @@ LLAMA_BASE = {
     "input_extra": [{"filename": "f", "text": "t"}], "content": "tok", "tokens": [1, 2],
 }
 LLAMA_PATHS = ("/completion", "/infill", "/tokenize", "/detokenize")
+OLLAMA_BASE = {
+    "model": "m", "stream": False, "think": False, "keep_alive": "5m", "format": {"type": "object"},
+    "options": {"temperature": 0, "num_predict": 4, "top_k": 5, "stop": ["zz"], "seed": 1, "num_ctx": 4096},
+    "tools": [{"type": "function", "function": {"name": "read", "description": "d", "parameters": {"type": "object"}}}],
+    "messages": [{"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "read", "arguments": {"p": 1}}}]},
+                 {"role": "tool", "content": "ok", "tool_name": "read"}],
+    "prompt": "Hi", "system": "Be brief.", "raw": False, "suffix": "",
+}
+OLLAMA_PATHS = ("/api/chat", "/api/generate")
 WRONG = [None, 7, -3, 2.5, True, "x", [], {}, [1, "a"], {"k": []}]
 
 
@@ -90,6 +100,7 @@ def generated_cases():
     cases = []
     bases = [("/v1/messages", ANTHROPIC_BASE), ("/v1/chat/completions", OPENAI_BASE)]
     bases += [(path, LLAMA_BASE) for path in LLAMA_PATHS]
+    bases += [(path, OLLAMA_BASE) for path in OLLAMA_PATHS]
     for api, base in bases:
         for p in paths(base):
             if not p:
@@ -104,7 +115,9 @@ def check_envelope(api, status, body):
     if status == 200:  # accepted (a JSON body or, with "stream": true, an SSE stream)
         return
     data = json.loads(body)
-    if api.startswith("/v1/chat") or api in LLAMA_PATHS:
+    if api in OLLAMA_PATHS:
+        assert isinstance(data["error"], str) and data["error"], data
+    elif api.startswith("/v1/chat") or api in LLAMA_PATHS:
         assert isinstance(data["error"]["message"], str) and data["error"]["type"], data
     else:
         assert data["type"] == "error" and data["error"]["type"] and data["error"]["message"], data
@@ -358,7 +371,7 @@ def test_browser_and_rebinding_protection(server):
     r = requests.post(server.base_url + "/v1/messages", data=body,
                       headers={"Content-Type": "application/json", "Origin": "null"}, timeout=30)
     assert r.status_code == 403
-    for path in LLAMA_PATHS:  # llama.cpp's endpoints are behind the same checks
+    for path in LLAMA_PATHS + OLLAMA_PATHS:  # llama.cpp's and Ollama's endpoints are behind the same checks
         r = requests.post(server.base_url + path, data=json.dumps({"prompt": "hi", "content": "hi"}),
                           headers={"Content-Type": "application/json", "Origin": "https://evil.example"}, timeout=30)
         assert r.status_code == 403, (path, r.text)

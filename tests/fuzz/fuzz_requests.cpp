@@ -1,7 +1,8 @@
 // libFuzzer target: a request body through everything an HTTP handler does before the engine
 // sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd; with bit
 // 1 set, the /v1/completions) parser, or with bit 3 set llama.cpp's (bit 1: /infill, else
-// /completion; /tokenize reads the same body),
+// /completion; /tokenize reads the same body), or with bit 4 set Ollama's (bit 1: /api/generate,
+// else /api/chat),
 // then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
 // and chat template, and the first token mask of a grammar constraint (tool schemas, structured
 // outputs). Every outcome must be a value: an ApiError or a prepared prompt.
@@ -11,6 +12,7 @@
 #include "fuzz_common.h"
 #include "server/anthropic_api.h"
 #include "server/llamacpp_api.h"
+#include "server/ollama_api.h"
 #include "server/openai_api.h"
 #include "server/request_fields.h"
 
@@ -61,6 +63,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     mr::server::LlamaWriter writer(opts, sm, prepared);
     (void)writer.Result();
     return 0;
+  } else if ((data[0] & 16) != 0) {
+    mr::server::OllamaOptions opts;
+    if (mr::server::ParseOllamaRequest(json, sm, (data[0] & 2) == 0, &req, &opts)) return 0;
+    if (opts.load_only) return 0;
   } else {
     mr::server::OpenAIOptions opts;
     if ((data[0] & 2) != 0 ? mr::server::ParseCompletionRequest(json, sm, &req, &opts).has_value()
