@@ -268,12 +268,9 @@ Json Details(const ServedModel& sm) {
     if (auto s = sm.model->file().GetString("general.size_label")) size = *s;
     if (auto t = sm.model->file().GetInt("general.file_type")) quant = FileTypeName(*t);
   }
-  return {{"parent_model", ""},
-          {"format", "gguf"},
-          {"family", family},
-          {"families", Json::array({family})},
-          {"parameter_size", size},
-          {"quantization_level", quant}};
+  return {{"parent_model", ""},     {"format", "gguf"},
+          {"family", family},       {"families", Json::array({family})},
+          {"parameter_size", size}, {"quantization_level", quant}};
 }
 
 Json Entry(const ServedModel& sm) {
