@@ -424,6 +424,20 @@ struct HttpServer::Impl {
     };
   }
 
+  // The response of submitted jobs: a stream, or the collected answer (`body(writer)`) with the
+  // timing headers; an engine error as the API's error.
+  template <typename W, typename Body>
+  void Answer(HttpResponse& res, Api api, std::shared_ptr<Pending> p, std::shared_ptr<W> w, bool stream, bool pings,
+              std::shared_ptr<RequestCount> count, Body body) {
+    if (stream) return Stream(res, p, w, pings, std::move(count));
+    StreamEvent last;
+    if (!Collect(*p, *w, &last)) return;
+    if (last.kind == StreamEvent::Kind::kError) return SetError(res, api, last.error);
+    SetTimingHeaders(last, res);
+    w->Event(last);
+    res.SetContent(DumpWireJson(body(*w)), "application/json");
+  }
+
   // `count` (null for count_tokens) is told the outcome of a plain response here; a streamed one
   // tells its own.
   void Messages(const HttpRequest& req, HttpResponse& res, bool count_only, std::shared_ptr<RequestCount> count) {
@@ -452,13 +466,8 @@ struct HttpServer::Impl {
     if (!Submit(res, Api::kAnthropic, req, std::move(prepared), p.get())) return;
     count->job = p->job;
     auto w = std::make_shared<AnthropicWriter>(sm, aopts, n_prompt);
-    if (aopts.stream) return Stream(res, p, w, /*pings=*/true, std::move(count));
-    StreamEvent last;
-    if (!Collect(*p, *w, &last)) return;
-    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kAnthropic, last.error);
-    SetTimingHeaders(last, res);
-    w->Event(last);
-    res.SetContent(w->Message().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    Answer(res, Api::kAnthropic, p, w, aopts.stream, /*pings=*/true, std::move(count),
+           [](AnthropicWriter& x) { return x.Message(); });
   }
 
   using OpenAIParser = std::optional<ApiError> (*)(const Json&, const ServedModel&, ChatRequest*, OpenAIOptions*);
@@ -498,13 +507,8 @@ struct HttpServer::Impl {
       oopts.id = writers.back()->id();  // one id for every choice
     }
     auto w = std::make_shared<Choices<W>>(std::move(writers), W::kChunkObject);
-    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
-    StreamEvent last;
-    if (!Collect(*p, *w, &last)) return;
-    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
-    SetTimingHeaders(last, res);
-    w->Event(last);
-    res.SetContent(w->Completion().dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    Answer(res, Api::kOpenAI, p, w, oopts.stream, /*pings=*/false, std::move(count),
+           [](Choices<W>& x) { return x.Completion(); });
   }
 
   // llama.cpp's /completion and /infill: parse, prepare, submit, then stream or collect.
@@ -522,13 +526,8 @@ struct HttpServer::Impl {
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
     count->job = p->job;
-    if (stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
-    StreamEvent last;
-    if (!Collect(*p, *w, &last)) return;
-    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOpenAI, last.error);
-    SetTimingHeaders(last, res);
-    w->Event(last);
-    res.SetContent(DumpWireJson(w->Result()), "application/json");
+    Answer(res, Api::kOpenAI, p, w, stream, /*pings=*/false, std::move(count),
+           [](LlamaWriter& x) { return x.Result(); });
   }
 
   // Ollama's /api/chat and /api/generate (streamed unless "stream": false).
@@ -550,13 +549,8 @@ struct HttpServer::Impl {
     auto p = std::make_shared<Pending>();
     if (!Submit(res, Api::kOllama, req, std::move(prepared), p.get())) return;
     count->job = p->job;
-    if (oopts.stream) return Stream(res, p, w, /*pings=*/false, std::move(count));
-    StreamEvent last;
-    if (!Collect(*p, *w, &last)) return;
-    if (last.kind == StreamEvent::Kind::kError) return SetError(res, Api::kOllama, last.error);
-    SetTimingHeaders(last, res);
-    w->Event(last);
-    res.SetContent(DumpWireJson(w->Result()), "application/json");
+    Answer(res, Api::kOllama, p, w, oopts.stream, /*pings=*/false, std::move(count),
+           [](OllamaWriter& x) { return x.Result(); });
   }
 
   // llama.cpp's /tokenize and /detokenize.
