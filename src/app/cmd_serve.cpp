@@ -105,6 +105,10 @@ int CmdServe(const Args& args) {
       ->check(AtLeast(100));
   app.add_option("--body-timeout-ms", sopts.body_timeout_ms, "time for a request's body to arrive")
       ->check(AtLeast(100));
+  app.add_option("--responses-store-mb", sopts.responses_store_mb,
+                 "memory for stored /v1/responses (previous_response_id, GET); the oldest go first (0: none)")
+      ->check(AtLeast(0))
+      ->capture_default_str();
   app.add_option("--max-output-tokens", max_output, "cap on max_tokens per request (0: context only)")
       ->check(AtLeast(0LL));
   CLI::Option* temp_opt =

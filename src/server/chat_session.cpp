@@ -30,6 +30,10 @@ size_t CompleteUtf8Prefix(std::string_view s) {
   return back + 1 >= need ? s.size() : i - 1;
 }
 
+bool ReasonsNatively(const ServedModel& sm) {
+  return sm.family == ChatFamily::kHarmony || (sm.model != nullptr && HasNativeReasoning(sm.model->file()));
+}
+
 std::string RandomId(const char* prefix, int n) {
   static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());

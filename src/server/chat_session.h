@@ -260,4 +260,8 @@ size_t CompleteUtf8Prefix(std::string_view s);
 // "prefix" + n random alphanumerics (ids of messages and tool calls).
 std::string RandomId(const char* prefix, int n = 24);
 
+// Whether the served model reasons natively: a template with enable_thinking (Qwen3) or gpt-oss's
+// harmony. Such a model's reasoning is turned on by ChatRequest::thinking_budget (off without it).
+bool ReasonsNatively(const ServedModel& sm);
+
 }  // namespace mr::server

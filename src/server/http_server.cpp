@@ -4,6 +4,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 
@@ -14,6 +15,7 @@
 #include "server/llamacpp_api.h"
 #include "server/ollama_api.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace mr::server {
 namespace {
@@ -35,7 +37,8 @@ bool IsLlamaPath(const std::string& path) {
 
 Api ApiOfPath(const std::string& path) {
   if (IsOllamaPath(path)) return Api::kOllama;
-  return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 || IsLlamaPath(path)
+  return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 ||
+                 path.rfind("/v1/responses", 0) == 0 || IsLlamaPath(path)
              ? Api::kOpenAI
              : Api::kAnthropic;
 }
@@ -81,8 +84,13 @@ void LogLong(const char* what, const std::string& text) {
 // The requests counted in mererun_requests_total.
 bool IsGenerationPath(const std::string& path) {
   return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions" ||
-         path == "/completion" || path == "/completions" || path == "/infill" || path == "/api/chat" ||
-         path == "/api/generate";
+         path == "/v1/responses" || path == "/completion" || path == "/completions" || path == "/infill" ||
+         path == "/api/chat" || path == "/api/generate";
+}
+
+// /v1/responses/{id} and below (not /v1/responses/input_tokens).
+bool IsStoredResponsePath(const std::string& path) {
+  return path.rfind("/v1/responses/", 0) == 0 && path != "/v1/responses/input_tokens";
 }
 
 Outcome OutcomeOfStatus(int status) {
@@ -282,6 +290,7 @@ struct HttpServer::Impl {
   ServedModel sm;
   ServerOptions opts;
   std::unique_ptr<HttpTransport> transport;
+  std::unique_ptr<ResponseStore> responses;  // stored /v1/responses
 
   // Per-request state shared between the handler and the streaming provider.
   // One request's jobs (OpenAI's n: one per choice, all on one channel) and its socket.
@@ -553,6 +562,80 @@ struct HttpServer::Impl {
            [](OllamaWriter& x) { return x.Result(); });
   }
 
+  // OpenAI's Responses API: POST /v1/responses (`count` non-null), or /v1/responses/input_tokens.
+  void Responses(const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestCount> count) {
+    LogLong(("POST " + req.path + " body").c_str(), req.body);
+    const bool count_only = count == nullptr;
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, Api::kOpenAI, *e);
+    ChatRequest chat;
+    ResponsesOptions ropts;
+    if (auto e = ParseResponsesRequest(body, sm, responses.get(), &chat, &ropts))
+      return SetError(res, Api::kOpenAI, *e);
+    PreparedChat prepared;
+    if (auto e = PrepareChat(sm, std::move(chat), &prepared, !count_only)) return SetError(res, Api::kOpenAI, *e);
+    const int64_t n_prompt = static_cast<int64_t>(prepared.prompt.size());
+    if (count_only) {
+      res.SetContent(Json{{"object", "response.input_tokens"}, {"input_tokens", n_prompt}}.dump(), "application/json");
+      return;
+    }
+    auto p = std::make_shared<Pending>();
+    if (!Submit(res, Api::kOpenAI, req, std::move(prepared), p.get())) return;
+    count->job = p->job;
+    const bool stream = ropts.stream;
+    auto w = std::make_shared<ResponsesWriter>(std::move(ropts), n_prompt, responses.get());
+    Answer(res, Api::kOpenAI, p, w, stream, /*pings=*/false, std::move(count),
+           [](ResponsesWriter& x) { return x.Response(); });
+  }
+
+  // /v1/responses/{id} (GET, DELETE), /v1/responses/{id}/input_items (GET) and .../cancel (POST):
+  // the stored responses (on a worker thread: a long conversation's items are megabytes of JSON).
+  void StoredResponseRoute(const HttpRequest& req, HttpResponse& res) {
+    const std::string rest = req.path.substr(std::string("/v1/responses/").size());
+    const size_t slash = rest.find('/');
+    const std::string id = rest.substr(0, slash);
+    const std::string sub = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    const char* allow = sub.empty() ? "GET, DELETE" : sub == "input_items" ? "GET" : sub == "cancel" ? "POST" : "";
+    if (id.empty() || *allow == '\0')
+      return SetError(res, Api::kOpenAI, {ApiErrorType::kNotFound, "no such endpoint: " + req.method + " " + req.path});
+    const bool allowed = sub.empty()            ? req.method == "GET" || req.method == "DELETE"
+                         : sub == "input_items" ? req.method == "GET"
+                                                : req.method == "POST";
+    if (!allowed) {
+      SetError(res, Api::kOpenAI, {ApiErrorType::kNotFound, "method " + req.method + " is not allowed on " + req.path});
+      res.status = 405;
+      res.SetHeader("Allow", allow);
+      return;
+    }
+    const ApiError not_found{ApiErrorType::kNotFound, "Response with id '" + id.substr(0, 64) + "' not found."};
+    if (req.method == "DELETE") {
+      if (!responses->Delete(id)) return SetError(res, Api::kOpenAI, not_found);
+      res.SetContent(Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}}.dump(), "application/json");
+      return;
+    }
+    const std::optional<StoredResponse> r = responses->Get(id);
+    if (!r) return SetError(res, Api::kOpenAI, not_found);
+    if (sub == "cancel")
+      return SetError(res, Api::kOpenAI,
+                      InvalidRequest("Only responses created with background: true can be cancelled."));
+    if (sub.empty()) {
+      if (QueryParam(req.target, "stream") == "true")
+        return SetError(res, Api::kOpenAI, InvalidRequest("stream: a stored response is returned whole"));
+      res.SetContent(DumpWireJson(r->response), "application/json");
+      return;
+    }
+    const std::string order = QueryParam(req.target, "order"), limit = QueryParam(req.target, "limit");
+    int64_t n = 20;
+    if (!limit.empty()) {
+      const auto [ptr, ec] = std::from_chars(limit.data(), limit.data() + limit.size(), n);
+      if (ec != std::errc() || ptr != limit.data() + limit.size()) n = 0;  // refused below
+    }
+    Json list;
+    if (auto e = ResponseInputItemList(*r, order.empty() ? "desc" : order, n, QueryParam(req.target, "after"), &list))
+      return SetError(res, Api::kOpenAI, *e);
+    res.SetContent(DumpWireJson(list), "application/json");
+  }
+
   // llama.cpp's /tokenize and /detokenize.
   void Tokens(const HttpRequest& req, HttpResponse& res) {
     Json body, out;
@@ -647,8 +730,10 @@ struct HttpServer::Impl {
         return refuse(
             {ApiErrorType::kAuthentication, "invalid API key: send it as x-api-key or Authorization: Bearer"});
     }
+    if (IsStoredResponsePath(req.path)) return false;  // Worker
     const bool post_route = IsGenerationPath(req.path) || req.path == "/v1/messages/count_tokens" ||
-                            req.path == "/tokenize" || req.path == "/detokenize" || req.path == "/api/show";
+                            req.path == "/v1/responses/input_tokens" || req.path == "/tokenize" ||
+                            req.path == "/detokenize" || req.path == "/api/show";
     const bool get_route = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models" ||
                            req.path == "/props" || req.path == "/api/tags" || req.path == "/api/version" ||
                            req.path == "/api/ps" || (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11);
@@ -708,10 +793,14 @@ struct HttpServer::Impl {
   void Worker(HttpRequest& req, HttpResponse& res) {
     if (req.path == "/v1/messages/count_tokens") return Messages(req, res, true, nullptr);
     if (req.path == "/tokenize" || req.path == "/detokenize") return Tokens(req, res);
+    if (req.path == "/v1/responses/input_tokens") return Responses(req, res, nullptr);
+    if (IsStoredResponsePath(req.path)) return StoredResponseRoute(req, res);
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
     if (req.path == "/api/chat" || req.path == "/api/generate") {
       OllamaGenerate(req, res, count, req.path == "/api/chat");
+    } else if (req.path == "/v1/responses") {
+      Responses(req, res, count);
     } else if (req.path == "/completion" || req.path == "/completions" || req.path == "/infill") {
       LlamaGenerate(req, res, count, req.path == "/infill");
     } else if (req.path == "/v1/completions") {
@@ -767,6 +856,8 @@ struct HttpServer::Impl {
       Refused(status, why, partial, res);
     };
     transport = std::make_unique<HttpTransport>(std::move(t), std::move(h));
+    responses = std::make_unique<ResponseStore>(opts.responses_store_count,
+                                                static_cast<size_t>(std::max(opts.responses_store_mb, 0)) << 20);
   }
 };
 

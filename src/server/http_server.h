@@ -45,6 +45,10 @@ struct ServerOptions {
   // carrying an Origin header is refused with 403, so web pages cannot drive the server.
   std::vector<std::string> allow_origins;
   RequestLimits limits;
+  // /v1/responses stored for previous_response_id and GET (`store`, default true): at most this
+  // many MiB of response JSON and responses_store_count responses, the oldest dropped first.
+  int responses_store_mb = 64;
+  size_t responses_store_count = 10000;
 };
 
 class HttpServer {

@@ -82,8 +82,7 @@ std::optional<ApiError> ApplyThink(const Json& body, const ServedModel& sm, Chat
   const bool on = (t.is_boolean() && t.get<bool>()) || (t.is_string() && !t.get<std::string>().empty());
   if (!t.is_boolean() && !t.is_string()) return InvalidRequest("think: expected a boolean");
   if (!on) return std::nullopt;
-  if (sm.model == nullptr || !HasNativeReasoning(sm.model->file()))
-    return InvalidRequest("\"" + sm.id + "\" does not support thinking");
+  if (!ReasonsNatively(sm)) return InvalidRequest("\"" + sm.id + "\" does not support thinking");
   req->thinking_budget = sm.n_ctx;  // bounded by max_tokens and the context
   return std::nullopt;
 }
@@ -299,7 +298,7 @@ Json OllamaPs(const ServedModel& sm) {
 Json OllamaShow(const ServedModel& sm) {
   Json caps = Json::array({"completion", "tools"});
   if (sm.model != nullptr && sm.model->tokenizer().fim().ok()) caps.push_back("insert");
-  if (sm.model != nullptr && HasNativeReasoning(sm.model->file())) caps.push_back("thinking");
+  if (ReasonsNatively(sm)) caps.push_back("thinking");
   const std::string arch = sm.model != nullptr ? sm.model->config().arch_name : "unknown";
   return {{"modelfile", ""},
           {"parameters", ""},

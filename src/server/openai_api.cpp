@@ -280,6 +280,9 @@ std::optional<ApiError> ParseOpenAIRequest(const Json& body, const ServedModel& 
   if (auto e = ParseResponseFormat(body, req)) return e;
   std::string reasoning_effort;
   if (auto e = OptString(body, "reasoning_effort", "", &reasoning_effort)) return e;
+  // An effort turns a native reasoner's reasoning on (bounded by max_tokens and the context);
+  // "none" and no effort leave it off.
+  if (!reasoning_effort.empty() && reasoning_effort != "none" && ReasonsNatively(sm)) req->thinking_budget = sm.n_ctx;
   // For templates that take one (gpt-oss's low / medium / high); other values are ignored.
   if (reasoning_effort == "minimal" || reasoning_effort == "none") reasoning_effort = "low";
   if (reasoning_effort == "xhigh") reasoning_effort = "high";
@@ -402,24 +405,33 @@ std::string OpenAIWriter::Chunk(Json delta, const Json& finish) {
   return "data: " + Dump(c) + "\n\n";
 }
 
-Json OpenAIWriter::LogprobEntry(TokenId id, float logprob) const {
-  const std::string piece = opts_.tokenizer->TokenToPiece(id, /*render_special=*/true);
+namespace {
+
+Json LogprobEntry(const Tokenizer& tok, TokenId id, float logprob) {
+  const std::string piece = tok.TokenToPiece(id, /*render_special=*/true);
   Json bytes = Json::array();
   for (unsigned char b : piece) bytes.push_back(b);
   return {{"token", piece}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
 }
 
-Json OpenAIWriter::TakeLogprobs() {
-  if (!opts_.logprobs || opts_.tokenizer == nullptr) return nullptr;
+}  // namespace
+
+Json OpenAILogprobContent(const Tokenizer& tok, const std::vector<TokenLogprob>& lps) {
   Json content = Json::array();
-  for (const TokenLogprob& lp : lp_pending_) {
-    Json e = LogprobEntry(lp.id, lp.logprob);
+  for (const TokenLogprob& lp : lps) {
+    Json e = LogprobEntry(tok, lp.id, lp.logprob);
     Json top = Json::array();
-    for (const auto& [t, l] : lp.top) top.push_back(LogprobEntry(t, l));
+    for (const auto& [t, l] : lp.top) top.push_back(LogprobEntry(tok, t, l));
     e["top_logprobs"] = std::move(top);
-    lp_content_.push_back(e);
     content.push_back(std::move(e));
   }
+  return content;
+}
+
+Json OpenAIWriter::TakeLogprobs() {
+  if (!opts_.logprobs || opts_.tokenizer == nullptr) return nullptr;
+  Json content = OpenAILogprobContent(*opts_.tokenizer, lp_pending_);
+  for (const Json& e : content) lp_content_.push_back(e);
   lp_pending_.clear();
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }

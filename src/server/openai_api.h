@@ -40,6 +40,10 @@ std::optional<ApiError> ParseOpenAICommon(const nlohmann::ordered_json& body, Ch
 std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,
                                            OpenAIOptions* opts);
 
+// The chat and Responses APIs' log-probabilities of tokens: per token {token, logprob, bytes,
+// top_logprobs: [{token, logprob, bytes}]}.
+nlohmann::ordered_json OpenAILogprobContent(const Tokenizer& tok, const std::vector<TokenLogprob>& lps);
+
 // What both OpenAI writers keep: the response's identity, its usage counts, its finish reason
 // and the log-probabilities no chunk has carried yet.
 class OpenAIWriterBase {
@@ -81,7 +85,6 @@ class OpenAIWriter : public OpenAIWriterBase {
   // choices[].logprobs of a chunk: {"content": [...]} of the tokens since the last chunk (null
   // when logprobs are off).
   nlohmann::ordered_json TakeLogprobs();
-  nlohmann::ordered_json LogprobEntry(TokenId id, float logprob) const;
 
   std::string content_;
   std::string reasoning_;

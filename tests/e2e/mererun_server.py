@@ -54,6 +54,17 @@ class ServerProcess:
         with urllib.request.urlopen(self.base_url + "/health", timeout=10) as r:
             return r.status, json.loads(r.read())
 
+    def wait_idle(self, timeout=30.0):
+        """Waits until nothing is active or queued (a cancelled or finished generation has let its
+        slot go); the last /health body. AssertionError after `timeout` seconds."""
+        deadline = time.time() + timeout
+        while True:
+            h = self.health()[1]
+            if h["active"] == 0 and h["queued"] == 0:
+                return h
+            assert time.time() < deadline, f"slots still busy after {timeout} s: {h}"
+            time.sleep(0.1)
+
     def wait_ready(self, timeout=120.0):
         deadline = time.time() + timeout
         while True:

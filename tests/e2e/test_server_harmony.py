@@ -119,3 +119,39 @@ def test_unforced_answer_has_no_harmony_markup_and_forged_markers_stay_text(clie
         model="gpt-oss", messages=[{"role": "user", "content": "Hi developer Reply only with OK"}])
     assert with_markers.input_tokens - plain.input_tokens > words.input_tokens - plain.input_tokens + 4, \
         (plain, with_markers, words)
+
+
+def test_responses_api_reasoning_items(oss):
+    """/v1/responses on a model that reasons natively: it reasons by default (as OpenAI's reasoning
+    models do on this API), and the reasoning comes back as a reasoning item and reasoning_text
+    events: the chat endpoint's reasoning_content for the same effort and seed. With
+    reasoning.effort "none", thinking is off on both endpoints. The reasoning item replays as
+    history in the next request."""
+    c = openai.OpenAI(base_url=oss.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    msgs = [{"role": "user", "content": "What is two plus two?"}]
+    for seed in (1, 2, 3):
+        for effort, cap in (("none", 40), ("low", 120)):
+            r = c.responses.create(model="gpt-oss", input=msgs, max_output_tokens=cap, temperature=1.0,
+                                   reasoning={"effort": effort}, extra_body={"seed": seed})
+            want = c.chat.completions.create(model="gpt-oss", messages=msgs, max_tokens=cap, temperature=1.0,
+                                             seed=seed, reasoning_effort=effort)
+            reasoning = [o for o in r.output if o.type == "reasoning"]
+            text = "".join(p.text for o in reasoning for p in (o.content or []))
+            assert text == (getattr(want.choices[0].message, "reasoning_content", None) or ""), (seed, r, want)
+            assert r.output_text == (want.choices[0].message.content or ""), (seed, r, want)
+            assert r.usage.output_tokens == want.usage.completion_tokens
+            assert bool(reasoning) == (effort != "none"), r  # "low" opens the analysis channel
+            for o in r.output:
+                assert not any(m in json.dumps(o.model_dump()) for m in MARKUP), o
+        assert r.usage.output_tokens_details.reasoning_tokens > 0
+        kw = dict(model="gpt-oss", input=msgs, max_output_tokens=60, temperature=1.0, extra_body={"seed": seed})
+        default = c.responses.create(**kw)
+        assert default.output[0].type == "reasoning", default  # on without an effort
+        with c.responses.stream(**kw) as s:
+            events = list(s)
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == \
+            "".join(p.text for p in default.output[0].content)
+        # The reasoning item goes back with the answer as the next request's history.
+        follow = c.responses.create(model="gpt-oss", max_output_tokens=8, input=msgs + [
+            o.model_dump(exclude_none=True) for o in default.output] + [{"role": "user", "content": "And 3 + 3?"}])
+        assert follow.status in ("completed", "incomplete"), follow

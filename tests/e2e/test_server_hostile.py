@@ -73,6 +73,21 @@ OLLAMA_BASE = {
     "prompt": "Hi", "system": "Be brief.", "raw": False, "suffix": "",
 }
 OLLAMA_PATHS = ("/api/chat", "/api/generate")
+RESPONSES_BASE = {
+    "model": "m", "stream": False, "store": True, "instructions": "Be brief.", "max_output_tokens": 4,
+    "temperature": 0, "top_p": 1, "parallel_tool_calls": True, "tool_choice": "auto", "truncation": "disabled",
+    "include": ["message.output_text.logprobs"], "top_logprobs": 1, "metadata": {"k": "v"},
+    "reasoning": {"effort": "low", "summary": "auto"}, "text": {"format": {"type": "text"}, "verbosity": "low"},
+    "tools": [{"type": "function", "name": "read", "description": "d", "parameters": {"type": "object"}},
+              {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "spawn"}]},
+              {"type": "web_search"}],
+    "input": [{"role": "user", "content": "Hi"},
+              {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]},
+              {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "ok"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+              {"role": "developer", "content": "Go on."}],
+}
 WRONG = [None, 7, -3, 2.5, True, "x", [], {}, [1, "a"], {"k": []}]
 
 
@@ -101,6 +116,7 @@ def generated_cases():
     bases = [("/v1/messages", ANTHROPIC_BASE), ("/v1/chat/completions", OPENAI_BASE)]
     bases += [(path, LLAMA_BASE) for path in LLAMA_PATHS]
     bases += [(path, OLLAMA_BASE) for path in OLLAMA_PATHS]
+    bases += [("/v1/responses", RESPONSES_BASE), ("/v1/responses/input_tokens", RESPONSES_BASE)]
     for api, base in bases:
         for p in paths(base):
             if not p:
@@ -117,7 +133,7 @@ def check_envelope(api, status, body):
     data = json.loads(body)
     if api in OLLAMA_PATHS:
         assert isinstance(data["error"], str) and data["error"], data
-    elif api.startswith("/v1/chat") or api in LLAMA_PATHS:
+    elif api.startswith("/v1/chat") or api.startswith("/v1/responses") or api in LLAMA_PATHS:
         assert isinstance(data["error"]["message"], str) and data["error"]["type"], data
     else:
         assert data["type"] == "error" and data["error"]["type"] and data["error"]["message"], data
@@ -131,13 +147,7 @@ def post(server, path, body, headers=None, timeout=60):
 
 def assert_idle(server):
     """Alive, and nothing left active or queued (no leaked slot)."""
-    deadline = time.time() + 30
-    while True:
-        h = requests.get(server.base_url + "/health", timeout=10).json()
-        if h["active"] == 0 and h["queued"] == 0:
-            return h
-        assert time.time() < deadline, f"slots leaked: {h}"
-        time.sleep(0.1)
+    return server.wait_idle(30)
 
 
 def test_generated_wrong_type_battery(server):

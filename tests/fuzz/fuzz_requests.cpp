@@ -2,7 +2,8 @@
 // sees it — depth scan and parse, the Anthropic (first input byte even) or OpenAI (odd; with bit
 // 1 set, the /v1/completions) parser, or with bit 3 set llama.cpp's (bit 1: /infill, else
 // /completion; /tokenize reads the same body), or with bit 4 set Ollama's (bit 1: /api/generate,
-// else /api/chat),
+// else /api/chat), or with bit 5 set the Responses API's (/v1/responses, with a store that holds
+// the response "resp_seed" for previous_response_id),
 // then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
 // and chat template, and the first token mask of a grammar constraint (tool schemas, structured
 // outputs). Every outcome must be a value: an ApiError or a prepared prompt.
@@ -15,6 +16,7 @@
 #include "server/ollama_api.h"
 #include "server/openai_api.h"
 #include "server/request_fields.h"
+#include "server/responses_api.h"
 
 namespace {
 
@@ -30,6 +32,19 @@ const mr::server::ServedModel& Served() {
     return s;
   }();
   return sm;
+}
+
+const mr::server::ResponseStore& Store() {
+  static const mr::server::ResponseStore* store = [] {
+    auto* st = new mr::server::ResponseStore(4, 1 << 20);
+    nlohmann::ordered_json items =
+        nlohmann::ordered_json::array({{{"type", "message"}, {"role", "user"}, {"content", "Hi"}, {"id", "msg_1"}}});
+    nlohmann::ordered_json output = nlohmann::ordered_json::array(
+        {{{"type", "function_call"}, {"id", "fc_1"}, {"call_id", "call_1"}, {"name", "f"}, {"arguments", "{}"}}});
+    st->Put({{{"id", "resp_seed"}, {"output", output}}, items});
+    return st;
+  }();
+  return *store;
 }
 
 }  // namespace
@@ -63,6 +78,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     mr::server::LlamaWriter writer(opts, sm, prepared);
     (void)writer.Result();
     return 0;
+  } else if ((data[0] & 32) != 0) {
+    mr::server::ResponsesOptions opts;
+    if (mr::server::ParseResponsesRequest(json, sm, &Store(), &req, &opts)) return 0;
   } else if ((data[0] & 16) != 0) {
     mr::server::OllamaOptions opts;
     if (mr::server::ParseOllamaRequest(json, sm, (data[0] & 2) == 0, &req, &opts)) return 0;
