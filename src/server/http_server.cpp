@@ -133,6 +133,17 @@ bool StreamOver(const Writer& w, const StreamEvent& ev) {
   }
 }
 
+// What a writer sends while its stream is idle (ResponsesWriter's in_progress events); "" for
+// the writers that send nothing (the Anthropic stream has its pings, Stream's `pings`).
+template <typename Writer>
+std::string KeepAlive(Writer& w) {
+  if constexpr (requires { w.KeepAlive(); }) {
+    return w.KeepAlive();
+  } else {
+    return "";
+  }
+}
+
 // OpenAI's n: one writer per choice (OpenAIWriter or CompletionWriter, options index i,
 // choice_of_many when n > 1, one id), events routed by StreamEvent::choice; the stream ends once
 // every choice has, with one usage chunk (every choice's tokens) and [DONE].
@@ -370,7 +381,8 @@ struct HttpServer::Impl {
   // Streaming: SSE from the channel, with pings; false (and cancel) when the client left.
   // `pings` (Anthropic): the stream opens with message_start once the engine has started the
   // request (its usage then has the real cache counts), with pings while it is queued (the
-  // official SDKs skip pings wherever they come); otherwise the writer's start goes out at once.
+  // official SDKs skip pings wherever they come); otherwise the writer's start goes out at once,
+  // and the writer's KeepAlive() (if any) whenever nothing was written for the ping interval.
   template <typename Writer>
   void Stream(HttpResponse& res, std::shared_ptr<Pending> p, std::shared_ptr<Writer> w, bool pings,
               std::shared_ptr<RequestCount> count) {
@@ -414,9 +426,10 @@ struct HttpServer::Impl {
             }
           } else {
             if (PeerClosed(p->fd)) return cancel();
-            if (pings && Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
-              if (!send(AnthropicWriter::Ping())) return cancel();
-              last_write = Clock::now();
+            if (Clock::now() - last_write > std::chrono::milliseconds(ping_ms)) {
+              const std::string ping = pings ? AnthropicWriter::Ping() : KeepAlive(*w);
+              if (!send(ping)) return cancel();
+              if (!ping.empty()) last_write = Clock::now();
             }
           }
         }

@@ -551,6 +551,11 @@ std::string ResponsesWriter::Start() {
   return s + Emit("response.in_progress", {{"response", Response()}});
 }
 
+std::string ResponsesWriter::KeepAlive() {
+  if (status_ != "in_progress") return "";
+  return Emit("response.in_progress", {{"response", Response()}});
+}
+
 Json ResponsesWriter::Logprobs(const std::vector<TokenLogprob>& lps) const {
   if (!opts_.logprobs || opts_.tokenizer == nullptr) return Json::array();
   return OpenAILogprobContent(*opts_.tokenizer, lps);

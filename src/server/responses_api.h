@@ -86,6 +86,10 @@ class ResponsesWriter {
   ResponsesWriter(ResponsesOptions opts, int64_t input_tokens, ResponseStore* store);
   std::string Start();  // response.created and response.in_progress (streamed), or nothing
   std::string Event(const StreamEvent& ev);
+  // While nothing else was written for a while (queued, a long prefill, a long tool call): a
+  // response.in_progress event with the response as it stands, so clients that time out an idle
+  // stream (Codex CLI: stream_idle_timeout_ms, 5 minutes) keep waiting; "" once it has ended.
+  std::string KeepAlive();
   nlohmann::ordered_json Response() const;  // the response object as it stands
   const std::string& id() const { return id_; }
 

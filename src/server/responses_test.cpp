@@ -221,6 +221,7 @@ TEST(ResponsesWriter, ItemsOpenAndCloseInOrder) {
   o.model = "m";
   ResponsesWriter w(o, 7, &store);
   std::string s = w.Start();
+  s += w.KeepAlive();  // idle before the first token: in_progress again
   s += w.Event(Ev(StreamEvent::Kind::kReasoning, "think"));
   s += w.Event(Ev(StreamEvent::Kind::kReasoning, "ing"));
   s += w.Event(Ev(StreamEvent::Kind::kText, "Hel"));
@@ -241,6 +242,7 @@ TEST(ResponsesWriter, ItemsOpenAndCloseInOrder) {
     types.push_back(ev[i]["type"]);
   }
   const std::vector<std::string> want = {"response.created",
+                                         "response.in_progress",
                                          "response.in_progress",
                                          "response.output_item.added",
                                          "response.content_part.added",
@@ -273,6 +275,7 @@ TEST(ResponsesWriter, ItemsOpenAndCloseInOrder) {
   EXPECT_EQ(r["usage"]["output_tokens"], 9);
   EXPECT_EQ(r["usage"]["input_tokens_details"]["cached_tokens"], 3);
   EXPECT_EQ(ev.back()["response"], r);
+  EXPECT_EQ(w.KeepAlive(), "");  // ended: nothing more
   // Every event of an item names the item the added event announced, at its index.
   for (const Json& e : ev) {
     if (e.contains("item_id")) {

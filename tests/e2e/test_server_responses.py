@@ -200,3 +200,31 @@ def test_stream_is_cancelled_when_the_client_leaves(server):
         next(lines)
     r.close()
     server.wait_idle(10)  # well under what 1,500 tokens take here
+
+
+def test_a_queued_stream_keeps_the_client_waiting(mererun_bin, model_path):
+    """While a streamed response waits (here queued behind another request on a one-sequence
+    server), response.in_progress repeats every few seconds, so a client that times out an idle
+    stream (Codex CLI) keeps waiting; the SDK's accumulator takes them."""
+    import threading
+
+    from mererun_server import ServerProcess
+    server = ServerProcess(mererun_bin, "qwen2.5-coder-0.5b-instruct", "-c", "2048", "--max-active", "1",
+                           "--no-warmup")
+    try:
+        c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        long = threading.Thread(target=lambda: c.responses.create(
+            model="m", input="Write a long story.", max_output_tokens=600, extra_body={"logit_bias": QWEN_END}))
+        long.start()
+        server.wait_for_log(r"POST /v1/responses", timeout=30)
+        with c.responses.stream(model="m", input="Say hi.", max_output_tokens=60, temperature=0) as s:
+            events = list(s)
+            final = s.get_final_response()
+        long.join()
+    finally:
+        server.stop()
+    types = [e.type for e in events]
+    first_item = types.index("response.output_item.added")
+    assert types[:first_item].count("response.in_progress") >= 2, types[:first_item]
+    assert types[-1] in ("response.completed", "response.incomplete") and final.output_text, types
+    assert [e.sequence_number for e in events] == list(range(len(events)))
