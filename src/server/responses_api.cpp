@@ -452,6 +452,10 @@ std::optional<ApiError> ParseResponsesRequest(const Json& body, const ServedMode
     std::string summary;
     if (auto e = OptString(*reasoning, "effort", "reasoning", &effort)) return e;
     if (auto e = OptString(*reasoning, "summary", "reasoning", &summary)) return e;
+    static const char* const kEfforts[] = {"", "none", "minimal", "low", "medium", "high", "xhigh"};
+    if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts))
+      return InvalidRequest(
+          "reasoning.effort: expected \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
     if (!effort.empty()) {
       chat["reasoning_effort"] = effort;
       echo["reasoning"]["effort"] = effort;

@@ -183,6 +183,7 @@ TEST(ResponsesParse, RefusalsNameTheField) {
       {R"({"input": "x", "max_output_tokens": -1})", "max_output_tokens"},
       {R"({"input": "x", "top_logprobs": 21})", "top_logprobs"},
       {R"({"input": "x", "reasoning": "high"})", "reasoning"},
+      {R"({"input": "x", "reasoning": {"effort": "ultra"}})", "reasoning.effort"},
       {R"({"input": "x", "previous_response_id": "r"})", "previous_response_id"},
       {R"([])", "JSON object"},
   };

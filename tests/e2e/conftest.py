@@ -88,6 +88,13 @@ def coder_server(mererun_bin, model_path):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def coder_openai(coder_server):
+    """The official OpenAI client on coder_server."""
+    import openai
+    return openai.OpenAI(base_url=coder_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
 @pytest.fixture(scope="session")
 def cli_tokenize(mererun_bin):
     def tokenize(text, *flags):

@@ -18,13 +18,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 @pytest.fixture(scope="module")
-def server(coder_server):
-    return coder_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def client(coder_openai):
+    return coder_openai
 
 
 def chat(client, messages, **kw):
@@ -167,7 +162,8 @@ def test_logprobs_are_the_chat_endpoints(client):
                                    top_logprobs=2).output[0].content[0].logprobs in (None, [])
 
 
-def test_errors_name_the_field(client, server):
+def test_errors_name_the_field(client, coder_server):
+    server = coder_server
     url = server.base_url + "/v1/responses"
     bad = [({"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}, "custom"),
            ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "text-only"),
@@ -191,7 +187,8 @@ def test_errors_name_the_field(client, server):
     assert requests.get(server.base_url + "/health", timeout=30).json()["status"] == "ok"
 
 
-def test_stream_is_cancelled_when_the_client_leaves(server):
+def test_stream_is_cancelled_when_the_client_leaves(coder_server):
+    server = coder_server
     body = {"model": "m", "input": "Write a very long story.", "max_output_tokens": 1500, "temperature": 1.0,
             "stream": True, "logit_bias": QWEN_END}
     r = requests.post(server.base_url + "/v1/responses", json=body, stream=True, timeout=60)
