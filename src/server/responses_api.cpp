@@ -529,6 +529,7 @@ Json ResponsesWriter::Response() const {
             {"incomplete_details", incomplete_details_},
             {"model", opts_.model},
             {"output", output_}};
+  if (open_ != Item::kNone) r["output"].back()["content"][0]["text"] = text_;  // the open item so far
   if (completed_at_ > 0) r["completed_at"] = completed_at_;
   for (const auto& [k, v] : opts_.echo.items()) r[k] = v;
   if (status_ != "in_progress") {
@@ -597,6 +598,7 @@ std::string ResponsesWriter::Close() {
   Json& item = output_.back();
   const std::string item_id = item["id"];
   Json& part = item["content"][0];
+  part["text"] = text_;  // kept in text_ while open: one copy, not one per token
   std::string s;
   const Json where = {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}};
   if (open_ == Item::kMessage) {
@@ -637,7 +639,6 @@ std::string ResponsesWriter::Event(const StreamEvent& ev) {
       if (open_ != kind) s += Open(kind);
       text_ += ev.text;
       Json& part = output_.back()["content"][0];
-      part["text"] = text_;
       Json delta = {{"item_id", output_.back()["id"]},
                     {"output_index", output_.size() - 1},
                     {"content_index", 0},
