@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-targets=(${FUZZ_TARGETS:-gguf requests tokenizer output template})
+targets=(${FUZZ_TARGETS:-gguf requests tokenizer output template gbnf})
 jobs="${MERERUN_JOBS:-2}"
 if ! command -v clang++-14 >/dev/null 2>&1; then
   echo "[fuzz] clang++-14 is missing (scripts/setup.sh installs it)" >&2

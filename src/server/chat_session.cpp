@@ -481,6 +481,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
     cr.family = sm.family;
     cr.format = req.format;
     cr.schema = req.format_schema;
+    cr.grammar = req.format_grammar;
     return SetConstraint(sm, std::move(cr), out);
   }
   // Structured outputs: the model is told the schema too (the grammar makes the answer valid;
@@ -560,6 +561,7 @@ std::optional<ApiError> PrepareChat(const ServedModel& sm, ChatRequest req, Prep
   cr.forced_tool = req.forced_tool;
   cr.format = req.format;
   cr.schema = req.format_schema;
+  cr.grammar = req.format_grammar;
   cr.reasoning = prompted_reasoning;
   return SetConstraint(sm, std::move(cr), out);
 }

@@ -56,8 +56,11 @@ std::optional<ApiError> CheckUnsupported(const Json& body) {
   for (const char* key : {"lora", "image_data", "multimodal_data"})
     if (Has(body, key) && !(body[key].is_array() && body[key].empty()))
       return InvalidRequest(std::string(key) + ": not supported (LoRA adapters and images are not served here)");
-  if (Has(body, "grammar") && !(body["grammar"].is_string() && body["grammar"].get<std::string>().empty()))
-    return InvalidRequest("grammar: GBNF grammars are not supported; send json_schema for JSON output");
+  bool lazy = false;
+  if (auto e = OptBool(body, "grammar_lazy", "", &lazy)) return e;
+  if (lazy)
+    return InvalidRequest(
+        "grammar_lazy: lazy grammars (grammar_triggers) are not supported; the grammar applies from the first token");
   bool post = false;
   if (auto e = OptBool(body, "post_sampling_probs", "", &post)) return e;
   if (post) return InvalidRequest("post_sampling_probs: not supported; n_probs gives the model's log-probabilities");
@@ -311,6 +314,7 @@ std::optional<ApiError> ParseLlamaCompletion(const Json& body, const ServedModel
     req->format = schema.empty() ? OutputFormat::kJsonObject : OutputFormat::kJsonSchema;
     req->format_schema = schema;
   }
+  if (auto e = ParseGuidedOutput(body, req)) return e;  // `grammar` (GBNF)
   if (Has(body, "samplers")) {
     if (auto e = ParseSamplers(body["samplers"], &opts->samplers)) return e;
     auto named = [&](const char* s) {

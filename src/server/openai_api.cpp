@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ctime>
 
+#include "runtime/gbnf.h"
 #include "server/request_fields.h"
 
 namespace mr::server {
@@ -103,10 +104,73 @@ std::optional<ApiError> ParseResponseFormat(const Json& body, ChatRequest* req) 
   } else if (format_type != "text") {
     return InvalidRequest("response_format.type: expected \"text\", \"json_object\" or \"json_schema\"");
   }
-  return std::nullopt;
+  return ParseGuidedOutput(body, req);
 }
 
 }  // namespace
+
+std::optional<ApiError> ParseGuidedOutput(const Json& body, ChatRequest* req) {
+  constexpr size_t kMaxChoiceOptions = 1024;
+  const Json* so = nullptr;
+  if (auto e = OptObject(body, "structured_outputs", "", &so)) return e;
+  struct Field {
+    const Json* obj;
+    const char* key;
+    std::string name;
+  };
+  const Field fields[] = {{&body, "grammar", "grammar"},
+                          {&body, "guided_grammar", "guided_grammar"},
+                          {&body, "guided_choice", "guided_choice"},
+                          {&body, "guided_json", "guided_json"},
+                          {&body, "guided_regex", "guided_regex"},
+                          {so, "grammar", "structured_outputs.grammar"},
+                          {so, "choice", "structured_outputs.choice"},
+                          {so, "json", "structured_outputs.json"},
+                          {so, "regex", "structured_outputs.regex"},
+                          {so, "json_object", "structured_outputs.json_object"}};
+  for (const Field& f : fields) {
+    if (f.obj == nullptr || !f.obj->contains(f.key) || (*f.obj)[f.key].is_null()) continue;
+    const Json& v = (*f.obj)[f.key];
+    const std::string key = f.key;
+    if (key == "grammar" && v.is_string() && v.get<std::string>().empty()) continue;  // llama.cpp's default
+    if (key == "json_object" && v.is_boolean() && !v.get<bool>()) continue;
+    if (req->format != OutputFormat::kText)
+      return InvalidRequest(f.name +
+                            ": one output format per request (response_format, json_schema, grammar, "
+                            "guided_* and structured_outputs each set one)");
+    if (key == "grammar" || key == "guided_grammar") {
+      if (!v.is_string())
+        return InvalidRequest(f.name + ": expected a GBNF grammar (a string), got " + JsonTypeName(v));
+      req->format = OutputFormat::kGrammar;
+      req->format_grammar = v.get<std::string>();
+    } else if (key == "guided_choice" || key == "choice") {
+      if (!v.is_array() || v.empty() || v.size() > kMaxChoiceOptions)
+        return InvalidRequest(f.name + ": expected an array of 1 to " + std::to_string(kMaxChoiceOptions) + " strings");
+      std::vector<std::string> options;
+      for (const Json& o : v) {
+        if (!o.is_string()) return InvalidRequest(f.name + ": expected an array of strings");
+        options.push_back(o.get<std::string>());
+      }
+      req->format = OutputFormat::kGrammar;
+      req->format_grammar = GbnfChoice(options);
+    } else if (key == "guided_json" || key == "json") {
+      Json schema = v;
+      if (v.is_string()) schema = Json::parse(v.get<std::string>(), nullptr, false);
+      if (!schema.is_object())
+        return InvalidRequest(f.name + ": expected a JSON schema (an object, or one encoded as a string)");
+      req->format = schema.empty() ? OutputFormat::kJsonObject : OutputFormat::kJsonSchema;
+      req->format_schema = std::move(schema);
+    } else if (key == "json_object") {
+      if (!v.is_boolean()) return InvalidRequest(f.name + ": expected a boolean");
+      req->format = OutputFormat::kJsonObject;
+    } else {
+      return InvalidRequest(f.name +
+                            ": regular expressions are not supported; send the pattern as a GBNF grammar "
+                            "(guided_grammar or grammar)");
+    }
+  }
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseOpenAICommon(const Json& body, ChatRequest* req, OpenAIOptions* opts) {
   if (body.contains("stream") && !body["stream"].is_null()) {

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "base/log.h"
+#include "runtime/gbnf.h"
 #include "runtime/json_grammar.h"
 
 namespace mr::server {
@@ -117,6 +118,20 @@ TokenConstraint::Options HarmonyAutoTriggers(bool tools, bool structured) {
   return o;
 }
 
+// The structured answer of a request whose format is not text: any JSON object, JSON of the
+// schema (strict), or the sentences of its GBNF grammar.
+Result<Expr> AnswerExpr(GrammarBuilder& b, const ConstraintRequest& req) {
+  if (req.format == OutputFormat::kJsonObject) return JsonAnyObject(b);
+  if (req.format == OutputFormat::kGrammar) {
+    Result<Expr> g = GbnfExpr(b, req.grammar);
+    if (!g.ok()) return InvalidArgument("grammar: " + g.status().message());
+    return g;
+  }
+  Result<Expr> e = JsonSchemaExpr(b, req.schema, {/*strict=*/true});
+  if (!e.ok()) return InvalidArgument("output format schema: " + e.status().message());
+  return e;
+}
+
 // Harmony's constraint. A forced call's header is in the prompt (ForcedToolCallPrefix): the
 // grammar holds the name (any tool) and the arguments; under auto it starts at a recipient in a
 // header (HarmonyAutoTriggers); a structured answer is the body of the final message (the
@@ -148,13 +163,16 @@ Result<Expr> HarmonyGrammar(GrammarBuilder& b, const ConstraintRequest& req, boo
     forms.push_back(b.Seq({b.Opt(b.Literal(h.start + "assistant ")), b.Literal(to), b.Alt(after_role)}));
   }
   if (structured) {
-    Result<Expr> answer = req.format == OutputFormat::kJsonObject ? Result<Expr>(JsonAnyObject(b))
-                                                                  : JsonSchemaExpr(b, req.schema, {/*strict=*/true});
-    if (!answer.ok()) return InvalidArgument("output format schema: " + answer.status().message());
-    const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
-    forms.push_back(b.Seq({b.Literal(h.channel + h.final_channel),
-                           b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")})),
-                           b.Literal(h.message), ws, *answer}));
+    Result<Expr> answer = AnswerExpr(b, req);
+    if (!answer.ok()) return answer;
+    if (req.format == OutputFormat::kGrammar) {  // the grammar is the whole final message
+      forms.push_back(b.Seq({b.Literal(h.channel + h.final_channel + h.message), *answer}));
+    } else {
+      const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
+      forms.push_back(b.Seq({b.Literal(h.channel + h.final_channel),
+                             b.Opt(b.Seq({b.Opt(b.Literal(" ")), b.Opt(b.Literal(h.constrain)), b.Literal("json")})),
+                             b.Literal(h.message), ws, *answer}));
+    }
   }
   return b.Alt(forms);
 }
@@ -166,6 +184,7 @@ std::string CacheKey(const ConstraintRequest& r) {
   k["forced"] = r.forced_tool;
   k["format"] = static_cast<int>(r.format);
   k["schema"] = r.schema;
+  k["grammar"] = r.grammar;
   k["reasoning"] = r.reasoning;
   Json tools = Json::array();
   for (const ChatTool& t : r.tools) tools.push_back({t.name, t.strict, t.parameters});
@@ -180,6 +199,8 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const bool tools = !req.tools.empty() && req.tool_choice != ToolChoice::kNone;
   const bool structured = req.format != OutputFormat::kText;
   if (!tools && !structured) return std::shared_ptr<TokenConstraint>();
+  if (tools && req.format == OutputFormat::kGrammar)
+    return InvalidArgument("grammar: cannot be combined with tools (send one or the other)");
   const ToolCallMarkup& m = ToolCallMarkupFor(req.family);
   TokenConstraint::Options opts;
   const bool forced = tools && (req.tool_choice == ToolChoice::kAny || req.tool_choice == ToolChoice::kTool);
@@ -238,12 +259,11 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
         }
       }
       if (structured) {
-        Result<Expr> answer = req.format == OutputFormat::kJsonObject
-                                  ? Result<Expr>(JsonAnyObject(b))
-                                  : JsonSchemaExpr(b, req.schema, {/*strict=*/true});
-        if (!answer.ok()) return InvalidArgument("output format schema: " + answer.status().message());
+        Result<Expr> answer = AnswerExpr(b, req);
+        if (!answer.ok()) return answer.status();
+        // A JSON answer may start after a little whitespace; a grammar says exactly what it allows.
         const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
-        root = b.Seq({ws, *answer});
+        root = req.format == OutputFormat::kGrammar ? *answer : b.Seq({ws, *answer});
         if (req.reasoning) root = b.Seq({b.Literal(ReasoningMarkupFor(req.family).end), root});
         if (tagged && !req.reasoning) root = b.Alt({root, *tagged});  // or a tool call instead
       }

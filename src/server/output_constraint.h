@@ -32,7 +32,7 @@
 namespace mr::server {
 
 enum class ToolChoice { kAuto, kAny, kTool, kNone };
-enum class OutputFormat { kText, kJsonObject, kJsonSchema };
+enum class OutputFormat { kText, kJsonObject, kJsonSchema, kGrammar };
 
 struct ConstraintRequest {
   ChatFamily family = ChatFamily::kChatML;
@@ -41,6 +41,7 @@ struct ConstraintRequest {
   std::string forced_tool;  // kTool
   OutputFormat format = OutputFormat::kText;
   nlohmann::ordered_json schema;  // kJsonSchema
+  std::string grammar;            // kGrammar: GBNF text (runtime/gbnf.h)
   bool reasoning = false;         // prompted reasoning first: a structured answer follows </think>
 };
 

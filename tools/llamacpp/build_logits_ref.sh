@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds tools/llamacpp/build/logits_ref (logits_ref.cpp) against node-llama-cpp's own prebuilt
+# Builds tools/llamacpp/build/logits_ref (logits_ref.cpp) and build/grammar_ref (grammar_ref.cpp,
+# llama.cpp's grammar masks) against node-llama-cpp's own prebuilt
 # llama.cpp (its libllama / libggml for this platform, and the headers of the same release from
 # the package's llama/gitRelease.bundle). scripts/setup.sh runs it after `npm ci`; it does nothing
 # when the binary is newer than its inputs. Needs g++ and nlohmann-json (installed by setup.sh).
@@ -12,8 +13,8 @@ if [ ! -f "$nlc/package.json" ] || [ -z "$bins" ] || [ ! -f "$bins/libllama.v0.4
   echo "[logits_ref] node-llama-cpp's linux-x64 binaries are not installed (npm ci in tools/llamacpp)" >&2
   exit 1
 fi
-out=build/logits_ref
-if [ -x "$out" ] && [ "$out" -nt logits_ref.cpp ] && [ "$out" -nt "$nlc/package.json" ] && [ "$out" -nt "$self" ]; then
+fresh() { [ -x "build/$1" ] && [ "build/$1" -nt "$1.cpp" ] && [ "build/$1" -nt "$nlc/package.json" ] && [ "build/$1" -nt "$self" ]; }
+if fresh logits_ref && fresh grammar_ref; then
   exit 0
 fi
 mkdir -p build
@@ -30,9 +31,12 @@ fi
 lib=$(cd "$bins" && pwd)
 # The backends (libggml-cpu-*.so) are loaded at run time from bins/ beside the binary.
 ln -sfn "$lib" build/bins
-g++ -std=c++17 -O2 -Wall -o "$out.tmp" logits_ref.cpp \
-  -I"$src/include" -I"$src/ggml/include" \
-  -DMR_NODE_LLAMA_CPP="\"$version\"" -DMR_LLAMA_CPP_REPO="\"$repo\"" -DMR_LLAMA_CPP_RELEASE="\"$release\"" \
-  "$lib/libllama.v0.4.0.so" "$lib/libggml.v0.4.0.so" "$lib/libggml-base.so" -Wl,-rpath,"$lib"
-mv "$out.tmp" "$out"
-echo "[logits_ref] built $out (llama.cpp $release from node-llama-cpp $version)"
+for tool in logits_ref grammar_ref; do
+  out=build/$tool
+  g++ -std=c++17 -O2 -Wall -o "$out.tmp" "$tool.cpp" \
+    -I"$src/include" -I"$src/ggml/include" \
+    -DMR_NODE_LLAMA_CPP="\"$version\"" -DMR_LLAMA_CPP_REPO="\"$repo\"" -DMR_LLAMA_CPP_RELEASE="\"$release\"" \
+    "$lib/libllama.v0.4.0.so" "$lib/libggml.v0.4.0.so" "$lib/libggml-base.so" -Wl,-rpath,"$lib"
+  mv "$out.tmp" "$out"
+  echo "[logits_ref] built $out (llama.cpp $release from node-llama-cpp $version)"
+done
