@@ -243,17 +243,15 @@ json MeasureMachine(const Options& o) {
 }
 
 // Everything about one model: mererun per thread count, llama.cpp on the GGUF and its Q8_0.
-// The cost of constrained decoding's per-step mask (TokenConstraint::Apply) along a realistic
-// tool call under tool_choice auto (lazy: the mask applies from the open tag on), tokenized by
-// the model's own tokenizer: an agent's shell command with a long string argument, a number and
-// a nested object. Reported per step and as a fraction of a decode step.
+// The cost of constrained decoding's per-step mask (TokenConstraint::Apply) along `text`, the
+// output of `req` tokenized by the model's own tokenizer. Reported per step and as a fraction of
+// a decode step.
+json MeasureMasks(const Model& m, double decode_tok_s, const server::ConstraintRequest& req, const std::string& text);
+
+// A realistic tool call under tool_choice auto (lazy: the mask applies from the open tag on): an
+// agent's shell command with a long string argument, a number and a nested object.
 json MeasureConstraint(const Model& m, double decode_tok_s) {
   using Json = nlohmann::ordered_json;
-  const Tokenizer& tok = m.tokenizer();
-  const int64_t n_vocab = m.config().n_vocab;
-  auto t0 = std::chrono::steady_clock::now();
-  auto masker = std::make_shared<const TokenMasker>(tok, n_vocab);
-  const double build_ms = SecondsSince(t0) * 1e3;
   server::ConstraintRequest req;
   ChatTool bash;
   bash.name = "Bash";
@@ -268,16 +266,44 @@ json MeasureConstraint(const Model& m, double decode_tok_s) {
   read.parameters = Json::parse(R"({"type": "object", "properties": {"file_path": {"type": "string"},
       "offset": {"type": "integer"}, "limit": {"type": "integer"}}, "required": ["file_path"]})");
   req.tools = {read, bash};
-  t0 = std::chrono::steady_clock::now();
-  auto c = server::BuildOutputConstraint(req, masker);
-  const double compile_ms = SecondsSince(t0) * 1e3;
-  if (!c.ok() || *c == nullptr) return {{"error", c.ok() ? "no constraint" : c.status().message()}};
   const std::string call =
       "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"cd /work/project && python3 -m pytest "
       "tests/test_parser.py -x -q 2>&1 | tail -n 40; grep -rn \\\"def parse\\\" src/ | head\", \"timeout\": 120000, "
       "\"description\": \"Run the failing parser tests and find the parse functions\", \"env\": {\"name\": "
       "\"PYTHONPATH\", \"value\": \"src\"}}}\n</tool_call>";
-  const std::vector<TokenId> ids = tok.Encode(call, /*add_special=*/false, /*parse_special=*/true);
+  return MeasureMasks(m, decode_tok_s, req, call);
+}
+
+// A GBNF grammar (the `grammar` field): JSON written in GBNF in llama.cpp's style, whose strings
+// are a plain character class (no free-string shortcut), along a JSON answer.
+json MeasureGbnf(const Model& m, double decode_tok_s) {
+  server::ConstraintRequest req;
+  req.format = server::OutputFormat::kGrammar;
+  req.grammar = R"(root ::= "{" ws (member ("," ws member)*)? "}"
+member ::= string ws ":" ws value ws
+value ::= "{" ws (member ("," ws member)*)? "}" | "[" ws (value ws ("," ws value ws)*)? "]" | string | number | "true" | "false" | "null"
+string ::= "\"" ([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+number ::= "-"? ([0-9] | [1-9] [0-9]{1,15}) ("." [0-9]+)?
+ws ::= [ \t\n]{0,8}
+)";
+  const std::string answer =
+      "{\"city\": \"Lisbon\", \"days\": 4, \"weather\": [{\"day\": \"Monday\", \"high\": 21.5, \"sky\": "
+      "\"sunny with a light breeze from the Atlantic\"}, {\"day\": \"Tuesday\", \"high\": 19, \"sky\": \"overcast, "
+      "rain in the evening\"}], \"umbrella\": true, \"notes\": null}";
+  return MeasureMasks(m, decode_tok_s, req, answer);
+}
+
+json MeasureMasks(const Model& m, double decode_tok_s, const server::ConstraintRequest& req, const std::string& text) {
+  const Tokenizer& tok = m.tokenizer();
+  const int64_t n_vocab = m.config().n_vocab;
+  auto t0 = std::chrono::steady_clock::now();
+  auto masker = std::make_shared<const TokenMasker>(tok, n_vocab);
+  const double build_ms = SecondsSince(t0) * 1e3;
+  t0 = std::chrono::steady_clock::now();
+  auto c = server::BuildOutputConstraint(req, masker);
+  const double compile_ms = SecondsSince(t0) * 1e3;
+  if (!c.ok() || *c == nullptr) return {{"error", c.ok() ? "no constraint" : c.status().message()}};
+  const std::vector<TokenId> ids = tok.Encode(text, /*add_special=*/false, /*parse_special=*/true);
   std::vector<float> logits(static_cast<size_t>(n_vocab), 0.0f);
   std::vector<uint8_t> scratch;
   // The first call walks the vocabulary at every state (cold); the masker keeps each state's
@@ -294,7 +320,7 @@ json MeasureConstraint(const Model& m, double decode_tok_s) {
         run.Apply(logits.data(), &scratch);
         (rep == 0 ? us : repeat_us).push_back(SecondsSince(s0) * 1e6);
         if (rep == 0) constrained += 1;
-        if (std::isinf(logits[t])) return {{"error", "the call's own token was masked"}};
+        if (std::isinf(logits[t])) return {{"error", "the text's own token was masked"}};
       }
       run.Accept(t);
     }
@@ -398,6 +424,7 @@ Result<json> BenchModel(const std::string& name, const std::string& path, const 
     jm["mererun"].push_back(Summarize(ours[t], t, static_cast<double>(m0.weight_bytes()), BandwidthFor(machine, t)));
   }
   jm["constraint"] = MeasureConstraint(m0, jm["mererun"][0]["decode_tok_s"].get<double>());
+  jm["constraint_gbnf"] = MeasureGbnf(m0, jm["mererun"][0]["decode_tok_s"].get<double>());
   if (o.llamacpp) {
     if (!llama_error.empty()) llama["error"] = llama_error;
     for (auto& [label, by_t] : theirs) {
@@ -527,21 +554,25 @@ void PrintTable(const json& j) {
           std::printf("  llama.cpp: %s\n", m["llamacpp"]["error"].get<std::string>().c_str());
       }
     }
-    std::printf("\nconstrained decoding: token mask per step along a tool call (lazy, from the open tag on)\n");
-    for (const json& m : j["models"]) {
-      const json& c = m["constraint"];
-      if (c.contains("error")) {
-        std::printf("%-28s error: %s\n", m["name"].get<std::string>().c_str(), c["error"].get<std::string>().c_str());
-        continue;
+    for (const auto& [key, what] : {std::pair{"constraint", "a tool call (lazy, from the open tag on)"},
+                                    std::pair{"constraint_gbnf", "a JSON answer under a GBNF grammar"}}) {
+      std::printf("\nconstrained decoding: token mask per step along %s\n", what);
+      for (const json& m : j["models"]) {
+        if (!m.contains(key)) continue;
+        const json& c = m[key];
+        if (c.contains("error")) {
+          std::printf("%-28s error: %s\n", m["name"].get<std::string>().c_str(), c["error"].get<std::string>().c_str());
+          continue;
+        }
+        std::printf(
+            "%-28s mask %6.0f us mean, %6.0f p50, %6.0f max over %lld steps = %.1f%% of a %.0f us decode step "
+            "(%d threads); the same text again %.0f us mean; masks built in %.0f ms, grammar in %.1f ms\n",
+            m["name"].get<std::string>().c_str(), c["mask_us_mean"].get<double>(), c["mask_us_p50"].get<double>(),
+            c["mask_us_max"].get<double>(), c["constrained_steps"].get<long long>(),
+            100.0 * c["mask_over_decode_step"].get<double>(), c["decode_step_us"].get<double>(),
+            m["mererun"][0]["threads"].get<int>(), c["mask_us_mean_repeat"].get<double>(),
+            c["masker_build_ms"].get<double>(), c["grammar_compile_ms"].get<double>());
       }
-      std::printf(
-          "%-28s mask %6.0f us mean, %6.0f p50, %6.0f max over %lld steps = %.1f%% of a %.0f us decode step "
-          "(%d threads); the same call again %.0f us mean; masks built in %.0f ms, grammar in %.1f ms\n",
-          m["name"].get<std::string>().c_str(), c["mask_us_mean"].get<double>(), c["mask_us_p50"].get<double>(),
-          c["mask_us_max"].get<double>(), c["constrained_steps"].get<long long>(),
-          100.0 * c["mask_over_decode_step"].get<double>(), c["decode_step_us"].get<double>(),
-          m["mererun"][0]["threads"].get<int>(), c["mask_us_mean_repeat"].get<double>(),
-          c["masker_build_ms"].get<double>(), c["grammar_compile_ms"].get<double>());
     }
   }
   std::printf("\nload average (1 min) %.1f at start, %.1f at end on %d logical CPUs\n",

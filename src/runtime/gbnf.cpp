@@ -5,6 +5,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "model/unicode.h"
+
 namespace mr {
 namespace {
 
@@ -14,6 +16,7 @@ constexpr int kMaxRepeat = 2000;                  // llama.cpp's MAX_REPETITION_
 constexpr int kMaxDepth = 128;                    // nested parentheses (the parser recurses)
 constexpr size_t kMaxElements = size_t{1} << 17;  // grammar elements once repetitions are unrolled
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr uint32_t kLoopAscii = 48;  // ASCII characters of a class that make its repetition a CharLoop
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive code point ranges
 
@@ -46,24 +49,6 @@ bool IsDigit(char c) {
 }
 bool IsSurrogate(uint32_t c) {
   return c >= 0xD800 && c <= 0xDFFF;
-}
-
-void AppendUtf8(uint32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 // Sorted and merged; with `negate`, the complement within [0, kMaxCodePoint].
@@ -518,44 +503,6 @@ class Checker {
   std::vector<std::vector<size_t>> first_;
 };
 
-// Splits [lo, hi] (code points of one UTF-8 length, no surrogates) into ranges whose encodings are
-// byte-wise products of byte ranges (the classic UTF-8 range split).
-void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
-  if (lo <= 0xDFFF && hi >= 0xD800) {
-    if (lo < 0xD800) SplitUtf8(lo, 0xD7FF, out);
-    if (hi > 0xDFFF) SplitUtf8(0xE000, hi, out);
-    return;
-  }
-  for (uint32_t edge : {0x7Fu, 0x7FFu, 0xFFFFu}) {
-    if (lo <= edge && hi > edge) {
-      SplitUtf8(lo, edge, out);
-      SplitUtf8(edge + 1, hi, out);
-      return;
-    }
-  }
-  for (int i = 1; i < 4; ++i) {
-    const uint32_t m = (1u << (6 * i)) - 1;
-    if ((lo & ~m) != (hi & ~m)) {
-      if ((lo & m) != 0) {
-        SplitUtf8(lo, lo | m, out);
-        SplitUtf8((lo | m) + 1, hi, out);
-        return;
-      }
-      if ((hi & m) != m) {
-        SplitUtf8(lo, (hi & ~m) - 1, out);
-        SplitUtf8(hi & ~m, hi, out);
-        return;
-      }
-    }
-  }
-  std::string a, z;
-  AppendUtf8(lo, &a);
-  AppendUtf8(hi, &z);
-  std::vector<std::pair<uint8_t, uint8_t>> seq;
-  for (size_t k = 0; k < a.size(); ++k) seq.emplace_back(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(z[k]));
-  out->push_back(std::move(seq));
-}
-
 class Emitter {
  public:
   Emitter(GrammarBuilder& b, const std::vector<Rule>& rules, const Parser& p) : b_(b), rules_(rules), p_(p) {}
@@ -590,12 +537,12 @@ class Emitter {
     switch (n.kind) {
       case Node::kLiteral: {
         std::string bytes;
-        for (uint32_t c : n.text) AppendUtf8(c, &bytes);
+        for (uint32_t c : n.text) unicode::AppendUtf8(c, &bytes);
         e = b_.Literal(bytes);
         break;
       }
       case Node::kClass:
-        e = Class(n.ranges);
+        e = b_.CodePoints(n.ranges);
         break;
       case Node::kRef:
         e = b_.Ref(ids_[n.rule]);
@@ -622,26 +569,41 @@ class Emitter {
                                  std::to_string(kMaxElements) + " elements)");
     if (n.min == 1 && n.max == 1) return e;
     if (n.min == 0 && n.max == 1) return b_.Opt(e);
-    if (n.max == -1) return b_.Seq({b_.Repeat(e, n.min, n.min), b_.Star(e)});
+    if (n.max == -1) {
+      Result<Expr> loop = Loop(n, e);
+      if (!loop.ok()) return loop;
+      return n.min == 0 ? *loop : b_.Seq({b_.Repeat(e, n.min, n.min), *loop});
+    }
     return b_.Repeat(e, n.min, n.max);
   }
 
-  Expr Class(const Ranges& ranges) {
-    ByteSet ascii;
-    std::vector<Expr> options;
-    for (const auto& [lo, hi] : ranges) {
-      for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) ascii.set(c);
-      if (hi < 0x80) continue;
-      std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
-      SplitUtf8(std::max<uint32_t>(lo, 0x80), hi, &seqs);
-      for (const auto& seq : seqs) {
-        std::vector<Expr> bytes;
-        for (const auto& [a, z] : seq) bytes.push_back(b_.Range(a, z));
-        options.push_back(b_.Seq(bytes));
+  // The unbounded repetition of n (its expression e): a character loop when n is a class of
+  // free text, or a group one of whose alternatives is (`([^"\\] | "\\" escape)*`), so token
+  // masks inside it need not walk the tokens made of its characters; else a plain Star.
+  Result<Expr> Loop(const Node& n, const Expr& e) {
+    auto text_class = [](const Node& x, bool once) {
+      if (x.kind != Node::kClass || (once && (x.min != 1 || x.max != 1))) return false;
+      uint32_t ascii = 0;
+      for (const auto& [lo, hi] : x.ranges)
+        if (lo < 0x80) ascii += std::min<uint32_t>(hi, 0x7F) - lo + 1;
+      return ascii >= kLoopAscii;
+    };
+    if (text_class(n, false)) return b_.CharLoop(n.ranges);
+    if (n.kind == Node::kGroup) {
+      for (size_t i = 0; i < n.group.size(); ++i) {
+        if (n.group[i].size() != 1 || !text_class(n.group[i][0], true)) continue;
+        Alternatives rest = n.group;
+        rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
+        std::vector<Expr> others;
+        if (!rest.empty()) {
+          Result<Expr> r = Alts(rest);
+          if (!r.ok()) return r;
+          others.push_back(*r);
+        }
+        return b_.CharLoop(n.group[i][0].ranges, others);
       }
     }
-    if (ascii.any()) options.insert(options.begin(), b_.Bytes(ascii));
-    return b_.Alt(options);
+    return b_.Star(e);
   }
 
   GrammarBuilder& b_;

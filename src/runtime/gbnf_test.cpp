@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "model/test_models.h"
+#include "runtime/test_grammars.h"
+
 namespace mr {
 namespace {
 
@@ -76,32 +79,6 @@ number ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,2})?
 ws     ::= |
            [ \t\n] ws
 )";
-
-// A random sentence: random allowed bytes, closing once past `soft_len` where it can.
-std::string RandomSentence(const Grammar& g, std::mt19937& rng, size_t soft_len) {
-  GrammarState s = g.Start();
-  std::string out;
-  for (int guard = 0; guard < 20000; ++guard) {
-    if (s.accepting() && (s.finished() || out.size() > soft_len || rng() % 8 == 0)) return out;
-    const ByteSet next = s.NextBytes();
-    std::vector<uint8_t> options;
-    for (int c = 0; c < 256; ++c)
-      if (next.test(static_cast<size_t>(c))) options.push_back(static_cast<uint8_t>(c));
-    if (options.empty()) break;
-    uint8_t c = options[rng() % options.size()];
-    if (out.size() > soft_len) {
-      for (uint8_t pref : {'"', '}', ']', '0', 'n', 'u', 'l'})
-        if (next.test(pref)) {
-          c = pref;
-          break;
-        }
-    }
-    out.push_back(static_cast<char>(c));
-    EXPECT_TRUE(s.Advance(c));
-  }
-  ADD_FAILURE() << "no sentence completed: " << out;
-  return out;
-}
 
 TEST(Gbnf, JsonGrammarSentencesAreJsonAndJsonIsASentence) {
   const auto g = Compile(kJsonGbnf);
@@ -243,6 +220,48 @@ TEST(Gbnf, ErrorsNameTheLineColumnAndCause) {
   EXPECT_NE(CompileError(wide).find("too large"), std::string::npos);
   // Nested repetitions stay small: each level repeats one reference.
   EXPECT_NE(Compile("root ::= (((\"ab\"{2000}){2000}){2000})"), nullptr);
+}
+
+// Character loops (GrammarBuilder::CharLoop) let the mask skip walking the tokens made of the
+// loop's characters; on a real vocabulary the mask must still equal the per-token check, for
+// classes that exclude ASCII and non-ASCII characters alike.
+TEST(GbnfMasks, LoopMasksEqualThePerTokenCheck) {
+  auto m = LoadPulledModel(kSmolLM2File);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  if (*m == nullptr) GTEST_SKIP() << "SmolLM2 not pulled (mererun pull smollm2-135m-instruct)";
+  const TokenMasker masker((*m)->tokenizer(), (*m)->config().n_vocab);
+  struct Case {
+    const char* grammar;
+    std::string text;
+  };
+  const Case cases[] = {
+      {R"(root ::= ("- " [^\r\n\x0b\x0c\x85\u2028\u2029]+ "\n")+)", "- caf\xc3\xa9 \xe2\x80\x94 ok\n- b\n"},
+      {R"(root ::= "\"" ([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\"")",
+       "\"say \\\"hi\\\" \xf0\x9f\x98\x80 \\u00e9\""},
+      {R"(root ::= [a-zA-Z0-9 ,.;:!?'()-]* "." )", "Hello, world (again)."},
+  };
+  std::vector<uint8_t> mask;
+  int loop_states = 0;
+  for (const Case& c : cases) {
+    const auto g = Compile(c.grammar);
+    ASSERT_NE(g, nullptr);
+    for (int pass = 0; pass < 2; ++pass) {  // the second time from the mask cache
+      GrammarState s = g->Start();
+      for (size_t i = 0; i <= c.text.size(); ++i) {
+        masker.Mask(s, &mask);
+        loop_states += s.loop() >= 0 ? 1 : 0;
+        for (TokenId t = 0; t < masker.n_vocab(); ++t) {
+          ASSERT_EQ(mask[t] != 0, masker.Allows(s, t))
+              << c.grammar << ": token " << t << " \"" << masker.piece(t) << "\" after " << c.text.substr(0, i);
+        }
+        if (i < c.text.size()) {
+          ASSERT_TRUE(s.Advance(static_cast<uint8_t>(c.text[i]))) << c.text.substr(0, i + 1);
+        }
+      }
+      EXPECT_TRUE(s.accepting()) << c.grammar;
+    }
+  }
+  EXPECT_GT(loop_states, 40);
 }
 
 }  // namespace

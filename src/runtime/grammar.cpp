@@ -22,19 +22,71 @@ ByteSet JsonStringAscii() {
   return s;
 }
 
-// Whether `piece` is whole characters of JSON string content: valid UTF-8 (no overlong forms,
-// surrogates or code points past U+10FFFF), no control characters, quotes or backslashes.
-bool IsPlainStringText(std::string_view piece) {
-  const ByteSet ascii = JsonStringAscii();
+// The characters that may appear unescaped in a JSON string.
+const GrammarBuilder::CodePointRanges& JsonStringChars() {
+  static const GrammarBuilder::CodePointRanges r = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+  return r;
+}
+
+bool InRanges(const GrammarBuilder::CodePointRanges& r, uint32_t c) {
+  auto it = std::upper_bound(r.begin(), r.end(), std::pair<uint32_t, uint32_t>{c, UINT32_MAX});
+  return it != r.begin() && std::prev(it)->second >= c;
+}
+
+// Whether `piece` is whole characters of `ranges`: well-formed UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF) whose every code point is in them.
+bool IsPlainText(std::string_view piece, const GrammarBuilder::CodePointRanges& ranges) {
   size_t i = 0;
   while (i < piece.size()) {
-    const uint8_t c = static_cast<uint8_t>(piece[i]);
-    if (c < 0x80 && !ascii.test(c)) return false;
     const size_t len = unicode::WellFormedUtf8Length(piece, i);
     if (len == 0) return false;
+    uint32_t c = static_cast<uint8_t>(piece[i]);
+    if (len > 1) {
+      c &= 0x3Fu >> (len - 1);
+      for (size_t k = 1; k < len; ++k) c = (c << 6) | (static_cast<uint8_t>(piece[i + k]) & 0x3F);
+    }
+    if (!InRanges(ranges, c)) return false;
     i += len;
   }
   return !piece.empty();
+}
+
+// Splits [lo, hi] into ranges whose UTF-8 encodings are byte-wise products of byte ranges (the
+// classic UTF-8 range split); surrogates are left out.
+void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
+  if (lo <= 0xDFFF && hi >= 0xD800) {
+    if (lo < 0xD800) SplitUtf8(lo, 0xD7FF, out);
+    if (hi > 0xDFFF) SplitUtf8(0xE000, hi, out);
+    return;
+  }
+  for (uint32_t edge : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= edge && hi > edge) {
+      SplitUtf8(lo, edge, out);
+      SplitUtf8(edge + 1, hi, out);
+      return;
+    }
+  }
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        SplitUtf8(lo, lo | m, out);
+        SplitUtf8((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        SplitUtf8(lo, (hi & ~m) - 1, out);
+        SplitUtf8(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  std::string a, z;
+  unicode::AppendUtf8(lo, &a);
+  unicode::AppendUtf8(hi, &z);
+  std::vector<std::pair<uint8_t, uint8_t>> seq;
+  for (size_t k = 0; k < a.size(); ++k) seq.emplace_back(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(z[k]));
+  out->push_back(std::move(seq));
 }
 }  // namespace
 
@@ -46,16 +98,14 @@ ByteSet JsonSimpleEscapes() {
 
 // ---- Builder ----
 
-GrammarBuilder::GrammarBuilder() {
-  // Index 0, never shared with an equal set from SetIndex: only JsonStringBody's loop uses it.
-  sets_.push_back(JsonStringAscii());
-  string_set_ = 0;
-}
+GrammarBuilder::GrammarBuilder() = default;
 
 uint32_t GrammarBuilder::SetIndex(const ByteSet& set) {
-  for (size_t i = 1; i < sets_.size(); ++i)
-    if (sets_[i] == set) return static_cast<uint32_t>(i);
+  // A loop's ASCII set is its own (its index marks the loop), never shared with an equal set.
+  for (size_t i = 0; i < sets_.size(); ++i)
+    if (set_loop_[i] < 0 && sets_[i] == set) return static_cast<uint32_t>(i);
   sets_.push_back(set);
+  set_loop_.push_back(-1);
   return static_cast<uint32_t>(sets_.size() - 1);
 }
 
@@ -86,7 +136,7 @@ GrammarBuilder::Expr GrammarBuilder::Literal(std::string_view text) {
 }
 
 GrammarBuilder::Expr GrammarBuilder::StringChar() {
-  return Bytes(JsonStringAscii());  // SetIndex never returns the free-string loop's index 0
+  return Bytes(JsonStringAscii());  // SetIndex never returns a loop's set
 }
 
 GrammarBuilder::Expr GrammarBuilder::Utf8NonAscii() {
@@ -113,8 +163,43 @@ GrammarBuilder::Expr GrammarBuilder::JsonStringBody() {
   const Expr scalar = Alt({Seq({Bytes(not_d), Repeat(Bytes(hex), 3, 3)}), Seq({Bytes(d), Range('0', '7'), hex2})});
   const Expr pair = Seq({Bytes(d), Bytes(high), hex2, Literal("\\u"), Bytes(d), Bytes(low), hex2});
   const Expr escape = Seq({Byte('\\'), Alt({Bytes(simple), Seq({Byte('u'), Alt({scalar, pair})})})});
-  const Expr free{{{Elem{Elem::kBytes, string_set_}}}};
-  return Star(Alt({free, escape, Utf8NonAscii()}));
+  return CharLoop(JsonStringChars(), {escape});
+}
+
+GrammarBuilder::Expr GrammarBuilder::CodePoints(const CodePointRanges& ranges) {
+  ByteSet ascii;
+  std::vector<Expr> options;
+  for (const auto& [lo, hi] : ranges) {
+    for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) ascii.set(c);
+    if (hi < 0x80) continue;
+    std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
+    SplitUtf8(std::max<uint32_t>(lo, 0x80), hi, &seqs);
+    for (const auto& seq : seqs) {
+      std::vector<Expr> bytes;
+      for (const auto& [a, z] : seq) bytes.push_back(Range(a, z));
+      options.push_back(Seq(bytes));
+    }
+  }
+  if (ascii.any()) options.insert(options.begin(), Bytes(ascii));
+  return Alt(options);
+}
+
+GrammarBuilder::Expr GrammarBuilder::CharLoop(const CodePointRanges& ranges, const std::vector<Expr>& others) {
+  CodePointRanges high;
+  ByteSet ascii;
+  for (const auto& [lo, hi] : ranges) {
+    for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) ascii.set(c);
+    if (hi >= 0x80) high.emplace_back(std::max<uint32_t>(lo, 0x80), hi);
+  }
+  std::vector<Expr> body = {CodePoints(high)};
+  if (ascii.any()) {  // the loop's own ASCII set: a stack at it is in the loop
+    sets_.push_back(ascii);
+    set_loop_.push_back(static_cast<int32_t>(loops_.size()));
+    loops_.push_back(ranges);
+    body.push_back(Expr{{{Elem{Elem::kBytes, static_cast<uint32_t>(sets_.size() - 1)}}}});
+  }
+  body.insert(body.end(), others.begin(), others.end());
+  return Star(Alt(body));
 }
 
 GrammarBuilder::Expr GrammarBuilder::AsRule(const Expr& e) {
@@ -180,7 +265,8 @@ std::shared_ptr<const Grammar> GrammarBuilder::Build(const Expr& root) {
   auto g = std::make_shared<Grammar>();
   g->id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   g->sets_ = sets_;
-  g->string_set_ = string_set_;
+  g->set_loop_ = set_loop_;
+  g->loops_ = loops_;
   g->root_ = r;
   g->rule_alts_.resize(rules_.size());
   for (size_t i = 0; i < rules_.size(); ++i) {
@@ -291,20 +377,14 @@ ByteSet GrammarState::NextBytes() const {
   return s;
 }
 
-bool GrammarState::in_free_string() const {
-  if (g_ == nullptr) return false;
-  const ByteSet& free = g_->sets_[g_->string_set_];
-  bool any = false;
+int GrammarState::loop() const {
+  if (g_ == nullptr) return -1;
   for (const Stack& st : stacks_) {
     if (st.empty()) continue;
-    const uint32_t set = g_->elems_[st.back()].arg;
-    if (set == g_->string_set_) {
-      any = true;
-    } else if ((g_->sets_[set] & free).any()) {
-      return false;
-    }
+    const int32_t loop = g_->set_loop_[g_->elems_[st.back()].arg];
+    if (loop >= 0) return loop;
   }
-  return any;
+  return -1;
 }
 
 // ---- Token masks ----
@@ -346,21 +426,41 @@ void TokenMasker::Trie::Build(std::vector<std::pair<std::string_view, TokenId>> 
 TokenMasker::TokenMasker(const Tokenizer& tok, int64_t n_vocab) : n_vocab_(n_vocab) {
   pieces_.resize(static_cast<size_t>(n_vocab));
   eog_.assign(static_cast<size_t>(n_vocab), 0);
-  plain_.assign(static_cast<size_t>(n_vocab), 0);
-  std::vector<std::pair<std::string_view, TokenId>> all, special;
+  std::vector<std::pair<std::string_view, TokenId>> all;
   for (TokenId t = 0; t < n_vocab; ++t) {
     eog_[t] = tok.IsEndOfGeneration(t) ? 1 : 0;
     const TokenAttr a = tok.attr(t);
     if (a == TokenAttr::kControl || a == TokenAttr::kUnknown || a == TokenAttr::kUnused) continue;
     pieces_[t] = tok.TokenToPiece(t, /*render_special=*/false);
     if (pieces_[t].empty()) continue;
-    const bool plain = IsPlainStringText(pieces_[t]);
-    plain_[t] = plain ? 1 : 0;
     all.emplace_back(pieces_[t], t);
-    if (!plain) special.emplace_back(pieces_[t], t);
   }
   all_.Build(std::move(all));
-  special_.Build(std::move(special));
+  (void)Loop(JsonStringChars());  // every tool call and structured output has strings
+}
+
+std::shared_ptr<const TokenMasker::LoopTable> TokenMasker::Loop(const GrammarBuilder::CodePointRanges& ranges) const {
+  std::lock_guard<std::mutex> lock(loops_mu_);
+  if (auto it = loops_.find(ranges); it != loops_.end()) return it->second;
+  auto table = std::make_shared<LoopTable>();
+  table->plain.assign(static_cast<size_t>(n_vocab_), 0);
+  std::vector<std::pair<std::string_view, TokenId>> special;
+  for (TokenId t = 0; t < n_vocab_; ++t) {
+    const std::string& p = pieces_[static_cast<size_t>(t)];
+    if (p.empty()) continue;
+    if (IsPlainText(p, ranges)) {
+      table->plain[static_cast<size_t>(t)] = 1;
+    } else {
+      special.emplace_back(p, t);
+    }
+  }
+  table->special.Build(std::move(special));
+  if (loops_.size() >= kMaxLoopTables) {  // drop the others (tables in use live on in their callers)
+    for (auto it = loops_.begin(); it != loops_.end();)
+      it = it->first == JsonStringChars() ? std::next(it) : loops_.erase(it);
+  }
+  loops_.emplace(ranges, table);
+  return table;
 }
 
 void TokenMasker::Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed,
@@ -408,18 +508,19 @@ void TokenMasker::Mask(const GrammarState& state, std::vector<uint8_t>* allowed)
     allowed->assign(static_cast<size_t>(n_vocab_), 0);
     return;
   }
-  const bool free_string = state.in_free_string();
-  if (free_string) {
-    allowed->assign(plain_.begin(), plain_.end());
+  const int32_t loop = state.loop();
+  const std::shared_ptr<const LoopTable> table = loop >= 0 ? Loop(state.grammar()->loop_ranges(loop)) : nullptr;
+  if (table != nullptr) {
+    allowed->assign(table->plain.begin(), table->plain.end());
   } else {
     allowed->assign(static_cast<size_t>(n_vocab_), 0);
   }
-  // The key: the grammar's id, the base, and the state's parse stacks (sorted and unique, so
-  // equal states give equal keys).
+  // The key: the grammar's id, the base (its loop), and the state's parse stacks (sorted and
+  // unique, so equal states give equal keys).
   std::string key;
   const uint64_t gid = state.grammar()->id_;
   key.append(reinterpret_cast<const char*>(&gid), sizeof gid);
-  key.push_back(free_string ? 1 : 0);
+  key.append(reinterpret_cast<const char*>(&loop), sizeof loop);
   for (const GrammarState::Stack& st : state.stacks_) {
     const uint32_t n = static_cast<uint32_t>(st.size());
     key.append(reinterpret_cast<const char*>(&n), sizeof n);
@@ -436,7 +537,7 @@ void TokenMasker::Mask(const GrammarState& state, std::vector<uint8_t>* allowed)
   }
   if (!hit) {
     std::vector<TokenId> ids;
-    Walk(free_string ? special_ : all_, state, allowed, &ids);
+    Walk(table != nullptr ? table->special : all_, state, allowed, &ids);
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (!cache_.count(key) && ids.size() <= kCacheIds) {
       cache_ids_ += ids.size();

@@ -13,10 +13,10 @@
 // right-recursive with tail calls dropped, so stacks do not grow with the length of a string.
 //
 // Token masks (TokenMasker): a trie over the vocabulary's byte pieces is walked from the state,
-// pruning a subtree at the first byte no stack accepts. Inside a JSON string (every stack that
-// accepts a printable ASCII byte is at the grammar's free-string loop), the tokens made only of
-// whole string characters (valid UTF-8, no quote, backslash or control byte) are allowed without
-// a walk (they leave the state as it is) and only the other tokens are walked.
+// pruning a subtree at the first byte no stack accepts. Inside a character loop (CharLoop: a JSON
+// string's characters, a GBNF `[^"\\]*`), the tokens made only of whole characters of the loop
+// (well-formed UTF-8 whose code points are all in its set) are allowed without a walk, since the
+// loop consumes any of them, and only the other tokens are walked.
 //
 // Thread-safety: Grammar and TokenMasker are immutable once built; a GrammarState belongs to one
 // thread.
@@ -25,6 +25,7 @@
 #include <bitset>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,10 +71,17 @@ class GrammarBuilder {
   Expr StringChar();
   // One well-formed UTF-8 character of 2 to 4 bytes.
   Expr Utf8NonAscii();
-  // The inside of a JSON string: (unescaped ASCII | escape sequence | UTF-8 character)*. Its
-  // unescaped-ASCII element is the grammar's free-string set (see TokenMasker): a loop, so that
-  // consuming whole characters leaves a state inside it unchanged.
+  // The inside of a JSON string: (unescaped character | escape sequence)*, a CharLoop.
   Expr JsonStringBody();
+  // Unicode code points as inclusive ranges, sorted and disjoint.
+  using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+  // One character of `ranges` as its well-formed UTF-8 encoding (surrogates have none): a byte
+  // set for the ASCII ones, sequences of byte ranges for the others.
+  Expr CodePoints(const CodePointRanges& ranges);
+  // Zero or more of: a character of `ranges`, or a sentence of one of `others` (none empty). A
+  // character loop: token masks allow every token made only of its characters without walking
+  // it (TokenMasker). `ranges` must hold an ASCII character (else it is a plain Star).
+  Expr CharLoop(const CodePointRanges& ranges, const std::vector<Expr>& others = {});
   Expr Seq(const std::vector<Expr>& parts);
   Expr Alt(const std::vector<Expr>& options);
   Expr Opt(const Expr& e) { return Alt({e, Empty()}); }
@@ -96,9 +104,10 @@ class GrammarBuilder {
   Expr AsRule(const Expr& e);  // one element: a reference to a rule holding e (e itself if simple)
 
   std::vector<ByteSet> sets_;
+  std::vector<int32_t> set_loop_;  // per set: the character loop whose ASCII element it is, or -1
+  std::vector<CodePointRanges> loops_;
   std::vector<std::vector<std::vector<Elem>>> rules_;
   std::vector<bool> defined_;
-  uint32_t string_set_ = 0;
 };
 
 class Grammar;
@@ -114,8 +123,10 @@ class GrammarState {
   // Nothing more can be consumed (every stack is empty); accepting then.
   bool finished() const;
   bool dead() const { return stacks_.empty(); }
-  // Every stack that accepts an ordinary string byte is at the free-string set (and one is).
-  bool in_free_string() const;
+  // The character loop (GrammarBuilder::CharLoop) a stack of the state is in, or -1 (the first
+  // one found: any such loop consumes every token made of its characters).
+  int loop() const;
+  bool in_free_string() const { return loop() >= 0; }
   // Bytes some stack accepts next.
   ByteSet NextBytes() const;
   const Grammar* grammar() const { return g_; }
@@ -132,6 +143,7 @@ class Grammar {
  public:
   GrammarState Start() const;
   size_t n_rules() const { return rule_alts_.size(); }
+  const GrammarBuilder::CodePointRanges& loop_ranges(int loop) const { return loops_[static_cast<size_t>(loop)]; }
 
  private:
   friend class GrammarBuilder;
@@ -147,7 +159,8 @@ class Grammar {
   static void Normalize(std::vector<GrammarState::Stack>* stacks);
 
   std::vector<ByteSet> sets_;
-  uint32_t string_set_ = 0;
+  std::vector<int32_t> set_loop_;
+  std::vector<GrammarBuilder::CodePointRanges> loops_;
   std::vector<FlatElem> elems_;
   std::vector<std::vector<uint32_t>> rule_alts_;  // start position of each alternative
   uint32_t root_ = 0;
@@ -183,8 +196,20 @@ class TokenMasker {
   void Walk(const Trie& trie, const GrammarState& state, std::vector<uint8_t>* allowed,
             std::vector<TokenId>* ids) const;
 
-  // Masks by (grammar, state): the tokens the walk allowed, over the base (none, or the plain
-  // string tokens). A state recurs in every call of the same tool and in speculative drafts; its
+  // Per character loop's code point set: the tokens made only of its characters (plain), and a
+  // trie of the others. Built on first use (~20-60 ms), kept for kMaxLoopTables sets (the JSON
+  // string's always).
+  struct LoopTable {
+    std::vector<uint8_t> plain;
+    Trie special;
+  };
+  std::shared_ptr<const LoopTable> Loop(const GrammarBuilder::CodePointRanges& ranges) const;
+  static constexpr size_t kMaxLoopTables = 8;
+  mutable std::mutex loops_mu_;
+  mutable std::map<GrammarBuilder::CodePointRanges, std::shared_ptr<const LoopTable>> loops_;
+
+  // Masks by (grammar, state): the tokens the walk allowed, over the base (none, or a loop's
+  // plain tokens). A state recurs in every call of the same tool and in speculative drafts; its
   // walk costs ~1-2 ms on a 152k vocabulary, a hit a copy of the base. Least recently used
   // entries go past kCacheIds ids in all.
   static constexpr size_t kCacheIds = size_t{1} << 22;
@@ -200,9 +225,7 @@ class TokenMasker {
   int64_t n_vocab_ = 0;
   std::vector<std::string> pieces_;
   std::vector<uint8_t> eog_;
-  std::vector<uint8_t> plain_;  // the piece is whole characters of JSON string content
-  Trie all_;                    // every token with a non-empty piece
-  Trie special_;                // of them, the ones that are not plain
+  Trie all_;  // every token with a non-empty piece
 };
 
 }  // namespace mr

@@ -13,6 +13,7 @@
 #include "runtime/constraint.h"
 #include "runtime/generator.h"
 #include "runtime/json_grammar.h"
+#include "runtime/test_grammars.h"
 
 namespace mr {
 namespace {
@@ -29,33 +30,6 @@ std::shared_ptr<const Grammar> SchemaGrammar(const Json& schema, bool strict = f
 bool Matches(const Grammar& g, std::string_view text) {
   GrammarState s = g.Start();
   return s.AdvanceAll(text) && s.accepting();
-}
-
-// A random sentence: random allowed bytes, preferring to close once `soft_len` is passed.
-std::string RandomSentence(const Grammar& g, std::mt19937& rng, size_t soft_len) {
-  GrammarState s = g.Start();
-  std::string out;
-  for (int guard = 0; guard < 20000; ++guard) {
-    if (s.accepting() && (s.finished() || out.size() > soft_len || rng() % 8 == 0)) return out;
-    const ByteSet next = s.NextBytes();
-    std::vector<uint8_t> options;
-    for (int c = 0; c < 256; ++c)
-      if (next.test(static_cast<size_t>(c))) options.push_back(static_cast<uint8_t>(c));
-    if (options.empty()) break;
-    // Past the soft length, prefer the bytes that close things.
-    uint8_t c = options[rng() % options.size()];
-    if (out.size() > soft_len) {
-      for (uint8_t pref : {'"', '}', ']', '0', 'n', 't', 'f', 'u', 'l', 'r', 'e', 'a', 's'})
-        if (next.test(pref)) {
-          c = pref;
-          break;
-        }
-    }
-    out.push_back(static_cast<char>(c));
-    EXPECT_TRUE(s.Advance(c));
-  }
-  ADD_FAILURE() << "no sentence completed: " << out;
-  return out;
 }
 
 TEST(Grammar, LiteralsAlternativesAndRepetition) {

@@ -77,15 +77,26 @@ def model_path(catalog):
 
 
 CODER_MODEL = "qwen2.5-coder-0.5b-instruct"
+SMOL_MODEL = "smollm2-135m-instruct"
+
+
+def _server(mererun_bin, model_path, name):
+    """A server of catalog model `name` with a 2,048-token context, stopped after the module."""
+    from mererun_server import ServerProcess
+    model_path(name)
+    s = ServerProcess(mererun_bin, name, "-c", "2048")
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")
 def coder_server(mererun_bin, model_path):
-    from mererun_server import ServerProcess
-    model_path(CODER_MODEL)
-    s = ServerProcess(mererun_bin, CODER_MODEL, "-c", "2048")
-    yield s
-    s.stop()
+    yield from _server(mererun_bin, model_path, CODER_MODEL)
+
+
+@pytest.fixture(scope="module")
+def smol_server(mererun_bin, model_path):
+    yield from _server(mererun_bin, model_path, SMOL_MODEL)
 
 
 @pytest.fixture(scope="module")

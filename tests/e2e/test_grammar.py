@@ -24,7 +24,6 @@ import httpx
 import openai
 import pytest
 
-from mererun_server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMACPP = REPO / "tools" / "llamacpp"
@@ -105,22 +104,14 @@ LIST_RE = re.compile(r"(- [a-z ]{1,24}\n){2,4}")
 
 
 @pytest.fixture(scope="module")
-def smol(mererun_bin, model_path):
-    model_path("smollm2-135m-instruct")
-    s = ServerProcess(mererun_bin, "smollm2-135m-instruct", "-c", "2048")
-    yield s
-    s.stop()
+def oai(smol_server):
+    return openai.OpenAI(base_url=smol_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def oai(smol):
-    return openai.OpenAI(base_url=smol.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def test_llama_cpp_completion_follows_the_grammar_sampled(smol):
+def test_llama_cpp_completion_follows_the_grammar_sampled(smol_server):
     done = 0
     for seed in range(8):
-        r = httpx.post(smol.base_url + "/completion", timeout=120,
+        r = httpx.post(smol_server.base_url + "/completion", timeout=120,
                        json={"prompt": "Things to pack for a trip:\n", "grammar": LIST, "n_predict": 160,
                              "temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": seed})
         assert r.status_code == 200, r.text
@@ -181,12 +172,15 @@ def test_choices_and_schemas_under_vllm_names(oai):
     ({"grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      "cannot be combined with tools"),
     ({"grammar": 'root ::= <think> "x"'}, "token matches"),
+    ({"grammar": "root ::= " + "(" * 20000 + '"a"' + ")" * 20000}, "nested deeper than 128"),
+    ({"grammar": "root ::=" + ' ("ab"{2000})' * 100}, "too large once its repetitions are unrolled"),
+    ({"guided_grammar": "root ::= [\\u00e9-\\u00e0]"}, "the range's end comes before its start"),
 ])
-def test_bad_grammars_are_400s_and_the_server_goes_on(oai, smol, body, needle):
+def test_bad_grammars_are_400s_and_the_server_goes_on(oai, smol_server, body, needle):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
                                     extra_body=body)
     assert needle in str(e.value), str(e.value)
-    r = httpx.post(smol.base_url + "/completion", json={"prompt": "x", "grammar_lazy": True, "grammar": LIST})
+    r = httpx.post(smol_server.base_url + "/completion", json={"prompt": "x", "grammar_lazy": True, "grammar": LIST})
     assert r.status_code == 400 and "grammar_lazy" in r.text
-    assert httpx.get(smol.base_url + "/health").status_code == 200
+    assert httpx.get(smol_server.base_url + "/health").status_code == 200
