@@ -73,9 +73,55 @@ Ranges Normalize(Ranges r, bool negate) {
   return out;
 }
 
+// Applies a repetition to n; a repetition of a repetition groups the inner one first.
+void SetRepetition(Node* n, int lo, int hi) {
+  if (n->min != 1 || n->max != 1) {
+    Node g;
+    g.kind = Node::kGroup;
+    g.pos = n->pos;
+    g.group = {{std::move(*n)}};
+    *n = std::move(g);
+  }
+  n->min = lo;
+  n->max = hi;
+}
+
+// The value of the `digits` hex digits at s[at..], or -1 when there are fewer.
+int64_t HexValue(std::string_view s, size_t at, int digits) {
+  int64_t v = 0;
+  for (int i = 0; i < digits; ++i) {
+    const char h = at + static_cast<size_t>(i) < s.size() ? s[at + static_cast<size_t>(i)] : '\0';
+    int d = -1;
+    if (h >= '0' && h <= '9') d = h - '0';
+    if (h >= 'a' && h <= 'f') d = h - 'a' + 10;
+    if (h >= 'A' && h <= 'F') d = h - 'A' + 10;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// The text being compiled, for error positions ("line L, column C: ...").
+struct Source {
+  std::string_view s;
+  Status Error(size_t pos, const std::string& message) const {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < pos && i < s.size(); ++i) {
+      if (s[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    return InvalidArgument("line " + std::to_string(line) + ", column " + std::to_string(col) + ": " + message);
+  }
+};
+
 class Parser {
  public:
   explicit Parser(std::string_view s) : s_(s) {}
+  Source source() const { return Source{s_}; }
 
   Status Parse() {
     Space(true);
@@ -91,18 +137,7 @@ class Parser {
   }
   size_t IndexOf(std::string_view name) const { return index_.at(std::string(name)); }
 
-  Status Error(size_t pos, const std::string& message) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < pos && i < s_.size(); ++i) {
-      if (s_[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    return InvalidArgument("line " + std::to_string(line) + ", column " + std::to_string(col) + ": " + message);
-  }
+  Status Error(size_t pos, const std::string& message) const { return source().Error(pos, message); }
 
  private:
   bool AtEnd() const { return p_ >= s_.size(); }
@@ -251,7 +286,7 @@ class Parser {
       } else if (c == '*' || c == '+' || c == '?') {
         if (out->empty()) return Error(start, std::string("'") + c + "' must follow an item");
         ++p_;
-        Repeat(&out->back(), c == '+' ? 1 : 0, c == '?' ? 1 : -1);
+        SetRepetition(&out->back(), c == '+' ? 1 : 0, c == '?' ? 1 : -1);
       } else if (c == '{') {
         if (out->empty()) return Error(start, "'{' must follow an item");
         ++p_;
@@ -274,25 +309,13 @@ class Parser {
         if (Peek() != '}') return Error(p_, "expected '}' to close the repetition, found " + Describe(p_));
         ++p_;
         if (hi != -1 && hi < lo) return Error(start, "the repetition's maximum is below its minimum");
-        Repeat(&out->back(), lo, hi);
+        SetRepetition(&out->back(), lo, hi);
       } else {
         break;
       }
       Space(nested);
     }
     return Status::Ok();
-  }
-
-  static void Repeat(Node* n, int lo, int hi) {
-    if (n->min != 1 || n->max != 1) {  // a repetition of a repetition: group it
-      Node g;
-      g.kind = Node::kGroup;
-      g.pos = n->pos;
-      g.group = {{std::move(*n)}};
-      *n = std::move(g);
-    }
-    n->min = lo;
-    n->max = hi;
   }
 
   Status Int(int* v) {
@@ -341,17 +364,9 @@ class Parser {
         default:
           return Error(start, "unknown escape " + Describe(start + 1, "\\"));
       }
-      uint64_t v = 0;
-      for (int i = 0; i < digits; ++i) {
-        const char h = Peek();
-        int d = -1;
-        if (h >= '0' && h <= '9') d = h - '0';
-        if (h >= 'a' && h <= 'f') d = h - 'a' + 10;
-        if (h >= 'A' && h <= 'F') d = h - 'A' + 10;
-        if (d < 0) return Error(start, "expected " + std::to_string(digits) + " hex digits after \\" + e);
-        v = v * 16 + static_cast<uint64_t>(d);
-        ++p_;
-      }
+      const int64_t v = HexValue(s_, p_, digits);
+      if (v < 0) return Error(start, "expected " + std::to_string(digits) + " hex digits after \\" + e);
+      p_ += static_cast<size_t>(digits);
       if (v > kMaxCodePoint) return Error(start, "code point above U+10FFFF");
       return static_cast<uint32_t>(v);
     }
@@ -408,7 +423,7 @@ class Parser {
 // Nullability, the repetition check and left recursion, over the parsed rules.
 class Checker {
  public:
-  Checker(const Parser& p, const std::vector<Rule>& rules) : p_(p), rules_(rules), nullable_(rules.size(), false) {}
+  Checker(Source p, const std::vector<Rule>& rules) : p_(p), rules_(rules), nullable_(rules.size(), false) {}
 
   Status Run() {
     for (const Rule& r : rules_)
@@ -497,7 +512,7 @@ class Checker {
     return Status::Ok();
   }
 
-  const Parser& p_;
+  Source p_;
   const std::vector<Rule>& rules_;
   std::vector<bool> nullable_;
   std::vector<std::vector<size_t>> first_;
@@ -505,7 +520,7 @@ class Checker {
 
 class Emitter {
  public:
-  Emitter(GrammarBuilder& b, const std::vector<Rule>& rules, const Parser& p) : b_(b), rules_(rules), p_(p) {}
+  Emitter(GrammarBuilder& b, const std::vector<Rule>& rules, Source p) : b_(b), rules_(rules), p_(p) {}
 
   Result<Expr> Run(size_t root) {
     for (size_t i = 0; i < rules_.size(); ++i) ids_.push_back(b_.DeclareRule());
@@ -608,9 +623,286 @@ class Emitter {
 
   GrammarBuilder& b_;
   const std::vector<Rule>& rules_;
-  const Parser& p_;
+  Source p_;
   std::vector<uint32_t> ids_;
   size_t elements_ = 0;
+};
+
+Result<Expr> Compile(GrammarBuilder& b, const std::vector<Rule>& rules, size_t root, Source src) {
+  Checker check(src, rules);
+  if (Status st = check.Run(); !st.ok()) return st;
+  Emitter emit(b, rules, src);
+  return emit.Run(root);
+}
+
+// Regular expressions (vLLM's guided_regex) into the same rules: one rule, the whole pattern,
+// matched against the whole output.
+class RegexParser {
+ public:
+  explicit RegexParser(std::string_view s) : s_(s) {}
+
+  Result<Alternatives> Parse() {
+    Alternatives alts;
+    if (Status st = ParseAlternatives(&alts, 0); !st.ok()) return st;
+    if (!AtEnd()) return Error(p_, "unbalanced ')'");
+    return alts;
+  }
+  Source source() const { return Source{s_}; }
+
+ private:
+  bool AtEnd() const { return p_ >= s_.size(); }
+  char Peek(size_t k = 0) const { return p_ + k < s_.size() ? s_[p_ + k] : '\0'; }
+  Status Error(size_t pos, const std::string& m) const { return source().Error(pos, m); }
+
+  Status ParseAlternatives(Alternatives* out, int depth) {
+    out->emplace_back();
+    if (Status st = ParseSequence(&out->back(), depth); !st.ok()) return st;
+    while (Peek() == '|') {
+      ++p_;
+      out->emplace_back();
+      if (Status st = ParseSequence(&out->back(), depth); !st.ok()) return st;
+    }
+    return Status::Ok();
+  }
+
+  Status ParseSequence(Sequence* out, int depth) {
+    while (!AtEnd() && Peek() != '|' && Peek() != ')') {
+      const size_t start = p_;
+      const char c = Peek();
+      Node n;
+      n.pos = start;
+      if (c == '^' || c == '$') {
+        // Anchors: the whole output is matched, so they are redundant where they can stand.
+        const bool edge = c == '^' ? out->empty() : (p_ + 1 == s_.size() || Peek(1) == '|' || Peek(1) == ')');
+        if (!edge) return Error(start, std::string("'") + c + "' is supported only at the start / end of the pattern");
+        ++p_;
+        continue;
+      } else if (c == '*' || c == '+' || c == '?') {
+        if (out->empty()) return Error(start, std::string("'") + c + "' must follow an item");
+        ++p_;
+        if (Status st = Quantify(&out->back(), c == '+' ? 1 : 0, c == '?' ? 1 : -1); !st.ok()) return st;
+        continue;
+      } else if (c == '{' && !out->empty() && IsQuantifier()) {
+        int lo = 0, hi = -1;
+        if (Status st = Braces(&lo, &hi); !st.ok()) return st;
+        if (Status st = Quantify(&out->back(), lo, hi); !st.ok()) return st;
+        continue;
+      } else if (c == '(') {
+        if (depth + 1 > kMaxDepth) return Error(start, "groups nested deeper than " + std::to_string(kMaxDepth));
+        ++p_;
+        if (Peek() == '?') {
+          if (Peek(1) == ':') {
+            p_ += 2;
+          } else if ((Peek(1) == 'P' && Peek(2) == '<') || (Peek(1) == '<' && Peek(2) != '=' && Peek(2) != '!')) {
+            while (!AtEnd() && Peek() != '>') ++p_;  // a named group: the name does not matter here
+            if (AtEnd()) return Error(start, "unterminated group name");
+            ++p_;
+          } else {
+            return Error(start,
+                         "(?...) constructs other than (?:...) and named groups (lookaround, flags) are not "
+                         "supported");
+          }
+        }
+        n.kind = Node::kGroup;
+        if (Status st = ParseAlternatives(&n.group, depth + 1); !st.ok()) return st;
+        if (Peek() != ')') return Error(start, "unterminated group");
+        ++p_;
+      } else if (c == '[') {
+        if (Status st = Class(&n); !st.ok()) return st;
+      } else if (c == '.') {
+        ++p_;
+        n.kind = Node::kClass;
+        n.ranges = Normalize({{'\n', '\n'}}, true);  // any character but a newline
+      } else if (c == '\\') {
+        if (Status st = Escape(&n, false); !st.ok()) return st;
+      } else {
+        Result<uint32_t> cp = Utf8();
+        if (!cp.ok()) return cp.status();
+        n.text = {*cp};
+      }
+      out->push_back(std::move(n));
+    }
+    return Status::Ok();
+  }
+
+  // After an item: a quantifier, then an optional lazy '?' or possessive '+' (same language).
+  Status Quantify(Node* n, int lo, int hi) {
+    SetRepetition(n, lo, hi);
+    if (Peek() == '?' || Peek() == '+') ++p_;
+    return Status::Ok();
+  }
+
+  // '{' starts a quantifier ({m}, {m,}, {m,n}, {,n}); otherwise it is a literal brace.
+  bool IsQuantifier() const {
+    size_t i = p_ + 1, digits = 0;
+    while (i < s_.size() && IsDigit(s_[i])) ++i, ++digits;
+    if (i < s_.size() && s_[i] == ',') {
+      ++i;
+      while (i < s_.size() && IsDigit(s_[i])) ++i, ++digits;
+    }
+    return digits > 0 && i < s_.size() && s_[i] == '}';
+  }
+  Status Braces(int* lo, int* hi) {
+    const size_t start = p_;
+    ++p_;
+    auto number = [&](int* v) {
+      int64_t x = 0;
+      while (IsDigit(Peek())) {
+        x = std::min<int64_t>(x * 10 + (Peek() - '0'), int64_t{1} << 40);
+        ++p_;
+      }
+      *v = static_cast<int>(std::min<int64_t>(x, INT32_MAX));
+      return x;
+    };
+    int64_t a = IsDigit(Peek()) ? number(lo) : (*lo = 0);
+    int64_t z = a;
+    if (Peek() == ',') {
+      ++p_;
+      z = IsDigit(Peek()) ? number(hi) : -1;
+      if (z == -1) *hi = -1;
+    } else {
+      *hi = *lo;
+    }
+    ++p_;  // '}'
+    if (a > kMaxRepeat || z > kMaxRepeat) return Error(start, "repetition count above " + std::to_string(kMaxRepeat));
+    if (*hi != -1 && *hi < *lo) return Error(start, "the repetition's maximum is below its minimum");
+    return Status::Ok();
+  }
+
+  Status Class(Node* n) {
+    const size_t start = p_;
+    ++p_;
+    const bool negate = Peek() == '^';
+    if (negate) ++p_;
+    Ranges r;
+    bool first = true;
+    while (AtEnd() || Peek() != ']' || first) {
+      if (AtEnd()) return Error(start, "unterminated character class");
+      first = false;
+      const size_t at = p_;
+      Ranges item;
+      if (Peek() == '\\') {
+        Node e;
+        if (Status st = Escape(&e, true); !st.ok()) return st;
+        if (e.kind == Node::kClass) {  // \d, \w, \s inside a class: no range from them
+          r.insert(r.end(), e.ranges.begin(), e.ranges.end());
+          continue;
+        }
+        item = {{e.text[0], e.text[0]}};
+      } else {
+        Result<uint32_t> cp = Utf8();
+        if (!cp.ok()) return cp.status();
+        item = {{*cp, *cp}};
+      }
+      if (Peek() == '-' && Peek(1) != ']' && Peek(1) != '\0') {
+        ++p_;
+        uint32_t hi = 0;
+        if (Peek() == '\\') {
+          Node e;
+          if (Status st = Escape(&e, true); !st.ok()) return st;
+          if (e.kind == Node::kClass) return Error(at, "a range cannot end at a class escape");
+          hi = e.text[0];
+        } else {
+          Result<uint32_t> cp = Utf8();
+          if (!cp.ok()) return cp.status();
+          hi = *cp;
+        }
+        if (hi < item[0].first) return Error(at, "the range's end comes before its start");
+        item[0].second = hi;
+      }
+      r.insert(r.end(), item.begin(), item.end());
+    }
+    ++p_;
+    n->kind = Node::kClass;
+    n->ranges = Normalize(std::move(r), negate);
+    n->pos = start;
+    return Status::Ok();
+  }
+
+  // A backslash escape: a class (\d \D \w \W \s \S) or one character.
+  Status Escape(Node* n, bool in_class) {
+    const size_t start = p_;
+    const char e = Peek(1);
+    if (e == '\0') return Error(start, "a pattern cannot end with '\\'");
+    p_ += 2;
+    const Ranges digit = {{'0', '9'}}, word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+    const Ranges space = {{'\t', '\r'}, {' ', ' '}};
+    auto cls = [&](const Ranges& r, bool negate) {
+      n->kind = Node::kClass;
+      n->ranges = Normalize(r, negate);
+      return Status::Ok();
+    };
+    auto chr = [&](uint32_t c) {
+      n->kind = Node::kLiteral;
+      n->text = {c};
+      return Status::Ok();
+    };
+    switch (e) {
+      case 'd':
+        return cls(digit, false);
+      case 'D':
+        return cls(digit, true);
+      case 'w':
+        return cls(word, false);
+      case 'W':
+        return cls(word, true);
+      case 's':
+        return cls(space, false);
+      case 'S':
+        return cls(space, true);
+      case 'n':
+        return chr('\n');
+      case 't':
+        return chr('\t');
+      case 'r':
+        return chr('\r');
+      case 'f':
+        return chr('\f');
+      case 'v':
+        return chr('\v');
+      case 'a':
+        return chr('\a');
+      case '0':
+        return chr(0);
+      case 'x':
+      case 'u':
+      case 'U': {
+        const int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+        const int64_t v = HexValue(s_, p_, digits);
+        if (v < 0) return Error(start, std::string("expected ") + std::to_string(digits) + " hex digits after \\" + e);
+        p_ += static_cast<size_t>(digits);
+        if (v > kMaxCodePoint || IsSurrogate(static_cast<uint32_t>(v)))
+          return Error(start, "not a Unicode scalar value");
+        return chr(static_cast<uint32_t>(v));
+      }
+      case 'b':
+        if (in_class) return chr('\b');
+        [[fallthrough]];
+      case 'B':
+      case 'A':
+      case 'Z':
+      case 'z':
+      case 'G':
+        return Error(start, std::string("the anchor \\") + e + " is not supported");
+      default:
+        if ((e >= '1' && e <= '9') || e == 'k') return Error(start, "backreferences are not supported");
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || static_cast<uint8_t>(e) >= 0x80)
+          return Error(start, std::string("unknown escape \\") + e);
+        return chr(static_cast<uint8_t>(e));  // escaped punctuation stands for itself
+    }
+  }
+
+  Result<uint32_t> Utf8() {
+    const size_t start = p_;
+    const size_t len = unicode::WellFormedUtf8Length(s_, p_);
+    if (len == 0) return Error(start, "invalid UTF-8 in the pattern");
+    const std::vector<uint32_t> cps = unicode::DecodeUtf8(s_.substr(p_, len));
+    p_ += len;
+    return cps[0];
+  }
+
+  std::string_view s_;
+  size_t p_ = 0;
 };
 
 }  // namespace
@@ -623,10 +915,18 @@ Result<GrammarBuilder::Expr> GbnfExpr(GrammarBuilder& b, std::string_view text, 
     if (r != nullptr) return p.Error(r->ref_pos, "undefined rule '" + std::string(root) + "'");
     return InvalidArgument("the grammar has no rule named '" + std::string(root) + "'");
   }
-  Checker check(p, p.rules());
-  if (Status st = check.Run(); !st.ok()) return st;
-  Emitter emit(b, p.rules(), p);
-  return emit.Run(p.IndexOf(root));
+  return Compile(b, p.rules(), p.IndexOf(root), p.source());
+}
+
+Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view pattern) {
+  RegexParser p(pattern);
+  Result<Alternatives> alts = p.Parse();
+  if (!alts.ok()) return alts.status();
+  std::vector<Rule> rules(1);
+  rules[0].name = "root";
+  rules[0].defined = true;
+  rules[0].body = std::move(*alts);
+  return Compile(b, rules, 0, p.source());
 }
 
 std::string GbnfQuote(std::string_view s) {

@@ -31,6 +31,15 @@ namespace mr {
 // The expression of rule `root` of the GBNF text, in `b`.
 Result<GrammarBuilder::Expr> GbnfExpr(GrammarBuilder& b, std::string_view text, std::string_view root = "root");
 
+// The expression of the strings a regular expression matches in full (vLLM's guided_regex):
+// Python / ECMAScript syntax without what a grammar cannot express: alternation, groups ((...),
+// (?:...), named), quantifiers (* + ? {m} {m,} {m,n} {,n}, lazy and possessive forms alike),
+// classes ([...] [^...], \d \w \s and their negations, ASCII as in Python's re.ASCII), '.' (any
+// character but a newline), escapes (\n \t \r \f \v \0 \xHH \uHHHH \UHHHHHHHH, escaped
+// punctuation); '^' and '$' only where they anchor the whole pattern. Refused with the position:
+// backreferences, lookaround, inline flags, other anchors (\b, \A, ...), and the bounds of GBNF.
+Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view pattern);
+
 // The GBNF of a choice among literal strings (vLLM's guided_choice): root ::= "a" | "b" ...
 std::string GbnfChoice(const std::vector<std::string>& options);
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "model/test_models.h"
 #include "runtime/test_grammars.h"
@@ -220,6 +221,125 @@ TEST(Gbnf, ErrorsNameTheLineColumnAndCause) {
   EXPECT_NE(CompileError(wide).find("too large"), std::string::npos);
   // Nested repetitions stay small: each level repeats one reference.
   EXPECT_NE(Compile("root ::= (((\"ab\"{2000}){2000}){2000})"), nullptr);
+}
+
+std::shared_ptr<const Grammar> CompileRegex(std::string_view pattern) {
+  GrammarBuilder b;
+  Result<GrammarBuilder::Expr> e = RegexExpr(b, pattern);
+  EXPECT_TRUE(e.ok()) << e.status().message() << "\n" << pattern;
+  if (!e.ok()) return nullptr;
+  return b.Build(*e);
+}
+
+// Regular expressions against std::regex (ECMAScript, an independent matcher) on random strings
+// over each pattern's alphabet (which holds characters on both sides of every class).
+TEST(Regex, MatchesWhatStdRegexMatches) {
+  struct Case {
+    const char* pattern;
+    const char* alphabet;
+  };
+  const Case cases[] = {
+      {R"(^\d{3}-\d{2,4}$)", "0123456789-a"},
+      {R"([A-Z][a-z]*( [A-Z][a-z]*)?)", "Aab Z"},
+      {R"((?:ab|a)(c|bc)*d?)", "abcd"},
+      {R"(\w+@\w+\.(com|org))", "ab_1@.comrg"},
+      {R"([^\s,]+(,\s?[^\s,]+){0,3})", "ab, \t"},
+      {R"(x{2,}y{0,2}z{1}\{)", "xyz{"},
+      {R"((?P<year>19|20)\d\d[-/.](0[1-9]|1[012]))", "0129-/."},
+      {R"([\]a-c\-]+|\.\*\?)", "]ab-.*?c"},
+      {R"(a.c|\W\S\D)", "a\nc 1-"},
+      {R"((yes|no)+?)", "yesno"},
+  };
+  std::mt19937 rng(5);
+  for (const Case& c : cases) {
+    const auto g = CompileRegex(c.pattern);
+    ASSERT_NE(g, nullptr) << c.pattern;
+    const std::regex re(c.pattern[0] == '(' && c.pattern[1] == '?' && c.pattern[2] == 'P'
+                            ? std::string(c.pattern).replace(1, 8, "")  // std::regex has no named groups
+                            : std::string(c.pattern));
+    const std::string alphabet = c.alphabet;
+    int matched = 0;
+    for (int i = 0; i < 4000; ++i) {
+      std::string s;
+      const size_t len = rng() % 10;
+      for (size_t k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+      const bool want = std::regex_match(s, re);
+      matched += want;
+      ASSERT_EQ(Matches(*g, s), want) << c.pattern << " on \"" << s << "\"";
+    }
+    // Sentences of the grammar (random allowed bytes, ending at random where complete).
+    for (int i = 0; i < 300; ++i) {
+      GrammarState st = g->Start();
+      std::string s;
+      bool done = false;
+      for (int k = 0; k < 40 && !done; ++k) {
+        const ByteSet next = st.NextBytes();
+        if (st.accepting() && (next.none() || rng() % 3 == 0)) {
+          done = true;
+          break;
+        }
+        std::vector<int> options;
+        for (int b = 0; b < 128; ++b)  // ASCII: std::regex works on bytes
+          if (next.test(static_cast<size_t>(b))) options.push_back(b);
+        if (options.empty()) break;
+        const int b = options[rng() % options.size()];
+        s += static_cast<char>(b);
+        ASSERT_TRUE(st.Advance(static_cast<uint8_t>(b)));
+      }
+      if (!done) continue;
+      ++matched;
+      ASSERT_TRUE(std::regex_match(s, re)) << c.pattern << " generated \"" << s << "\"";
+    }
+    EXPECT_GT(matched, 20) << c.pattern;
+  }
+  // Non-ASCII: classes and escapes of code points.
+  const auto u = CompileRegex(R"([à-ÿ]\u00e9\x41.)");
+  ASSERT_NE(u, nullptr);
+  EXPECT_TRUE(Matches(*u,
+                      "\xc3\xa0\xc3\xa9"
+                      "A\xe2\x9c\x93"));
+  EXPECT_FALSE(Matches(*u,
+                       "a\xc3\xa9"
+                       "Ax"));
+  EXPECT_FALSE(Matches(*u,
+                       "\xc3\xa0\xc3\xa9"
+                       "A\n"));
+}
+
+TEST(Regex, UnsupportedConstructsAreNamed) {
+  struct Case {
+    const char* pattern;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {R"((a)\1)", "column 4: backreferences are not supported"},
+      {R"(a(?=b))", "lookaround"},
+      {R"((?i)abc)", "lookaround, flags"},
+      {R"(\bword\b)", "the anchor \\b is not supported"},
+      {R"(a^b)", "'^' is supported only at the start"},
+      {R"(a$b)", "'$' is supported only at the start / end"},
+      {R"((ab)", "unterminated group"},
+      {R"(ab))", "unbalanced ')'"},
+      {R"([a-)", "unterminated character class"},
+      {R"(a{3,1})", "maximum is below its minimum"},
+      {R"(a{2001})", "repetition count above 2000"},
+      {R"(\q)", "unknown escape \\q"},
+      {R"((a?)*)", "an unbounded repetition"},
+      {R"(*a)", "'*' must follow an item"},
+  };
+  for (const Case& c : cases) {
+    GrammarBuilder b;
+    Result<GrammarBuilder::Expr> e = RegexExpr(b, c.pattern);
+    ASSERT_FALSE(e.ok()) << c.pattern;
+    EXPECT_NE(e.status().message().find(c.expect), std::string::npos)
+        << c.pattern << "\n  got: " << e.status().message();
+  }
+  // A brace that does not start a quantifier is a literal, as in Python; {,n} is Python's {0,n}.
+  const auto g = CompileRegex(R"(a{b}{x,y}z{,2})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(Matches(*g, "a{b}{x,y}"));
+  EXPECT_TRUE(Matches(*g, "a{b}{x,y}zz"));
+  EXPECT_FALSE(Matches(*g, "a{b}{x,y}zzz"));
 }
 
 // Character loops (GrammarBuilder::CharLoop) let the mask skip walking the tokens made of the

@@ -95,7 +95,7 @@ struct ChatRequest {
   std::string forced_tool;  // kTool
   OutputFormat format = OutputFormat::kText;
   nlohmann::ordered_json format_schema;  // kJsonSchema
-  std::string format_grammar;            // kGrammar: GBNF (llama.cpp `grammar`, vLLM guided_*)
+  std::string format_grammar;            // kGrammar: GBNF (llama.cpp `grammar`, vLLM guided_*); kRegex: pattern
   std::vector<std::string> stop_sequences;
   int64_t max_tokens = -1;  // -1: up to the context
   std::optional<float> temperature, top_p;

@@ -163,10 +163,11 @@ std::optional<ApiError> ParseGuidedOutput(const Json& body, ChatRequest* req) {
     } else if (key == "json_object") {
       if (!v.is_boolean()) return InvalidRequest(f.name + ": expected a boolean");
       req->format = OutputFormat::kJsonObject;
-    } else {
-      return InvalidRequest(f.name +
-                            ": regular expressions are not supported; send the pattern as a GBNF grammar "
-                            "(guided_grammar or grammar)");
+    } else {  // guided_regex, structured_outputs.regex
+      if (!v.is_string())
+        return InvalidRequest(f.name + ": expected a regular expression (a string), got " + JsonTypeName(v));
+      req->format = OutputFormat::kRegex;
+      req->format_grammar = v.get<std::string>();
     }
   }
   return std::nullopt;

@@ -38,11 +38,11 @@ inline constexpr int kMaxChoices = 16;
 std::optional<ApiError> ParseOpenAICommon(const nlohmann::ordered_json& body, ChatRequest* req, OpenAIOptions* opts);
 
 // Output formats beyond response_format: llama.cpp's `grammar` (GBNF, runtime/gbnf.h), vLLM's
-// guided_grammar, guided_choice (GbnfChoice) and guided_json, and the same under vLLM's newer
-// `structured_outputs` {grammar, choice, json, json_object}. One format per request: a second
-// one (response_format or llama.cpp's json_schema included, when parsed first) is a 400; regular
-// expressions (guided_regex, structured_outputs.regex) are a 400 too. The grammar itself is
-// compiled, and its errors reported, by BuildOutputConstraint.
+// guided_grammar, guided_choice (GbnfChoice), guided_regex (RegexExpr) and guided_json, and the
+// same under vLLM's newer `structured_outputs` {grammar, choice, regex, json, json_object}. One
+// format per request: a second one (response_format or llama.cpp's json_schema included, when
+// parsed first) is a 400. The grammar or pattern itself is compiled, and its errors reported, by
+// BuildOutputConstraint.
 std::optional<ApiError> ParseGuidedOutput(const nlohmann::ordered_json& body, ChatRequest* req);
 
 std::optional<ApiError> ParseOpenAIRequest(const nlohmann::ordered_json& body, const ServedModel& sm, ChatRequest* req,

@@ -127,6 +127,11 @@ Result<Expr> AnswerExpr(GrammarBuilder& b, const ConstraintRequest& req) {
     if (!g.ok()) return InvalidArgument("grammar: " + g.status().message());
     return g;
   }
+  if (req.format == OutputFormat::kRegex) {
+    Result<Expr> g = RegexExpr(b, req.grammar);
+    if (!g.ok()) return InvalidArgument("regex: " + g.status().message());
+    return g;
+  }
   Result<Expr> e = JsonSchemaExpr(b, req.schema, {/*strict=*/true});
   if (!e.ok()) return InvalidArgument("output format schema: " + e.status().message());
   return e;
@@ -165,7 +170,7 @@ Result<Expr> HarmonyGrammar(GrammarBuilder& b, const ConstraintRequest& req, boo
   if (structured) {
     Result<Expr> answer = AnswerExpr(b, req);
     if (!answer.ok()) return answer;
-    if (req.format == OutputFormat::kGrammar) {  // the grammar is the whole final message
+    if (ExactTextFormat(req.format)) {  // the grammar is the whole final message
       forms.push_back(b.Seq({b.Literal(h.channel + h.final_channel + h.message), *answer}));
     } else {
       const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
@@ -199,7 +204,7 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
   const bool tools = !req.tools.empty() && req.tool_choice != ToolChoice::kNone;
   const bool structured = req.format != OutputFormat::kText;
   if (!tools && !structured) return std::shared_ptr<TokenConstraint>();
-  if (tools && req.format == OutputFormat::kGrammar)
+  if (tools && ExactTextFormat(req.format))
     return InvalidArgument("grammar: cannot be combined with tools (send one or the other)");
   const ToolCallMarkup& m = ToolCallMarkupFor(req.family);
   TokenConstraint::Options opts;
@@ -263,7 +268,7 @@ Result<std::shared_ptr<TokenConstraint>> BuildOutputConstraint(const ConstraintR
         if (!answer.ok()) return answer.status();
         // A JSON answer may start after a little whitespace; a grammar says exactly what it allows.
         const Expr ws = b.Repeat(b.Alt({b.Literal(" "), b.Literal("\n")}), 0, 4);
-        root = req.format == OutputFormat::kGrammar ? *answer : b.Seq({ws, *answer});
+        root = ExactTextFormat(req.format) ? *answer : b.Seq({ws, *answer});
         if (req.reasoning) root = b.Seq({b.Literal(ReasoningMarkupFor(req.family).end), root});
         if (tagged && !req.reasoning) root = b.Alt({root, *tagged});  // or a tool call instead
       }

@@ -32,7 +32,11 @@
 namespace mr::server {
 
 enum class ToolChoice { kAuto, kAny, kTool, kNone };
-enum class OutputFormat { kText, kJsonObject, kJsonSchema, kGrammar };
+enum class OutputFormat { kText, kJsonObject, kJsonSchema, kGrammar, kRegex };
+// The output is exactly a sentence of a grammar or regular expression (no leading whitespace).
+inline bool ExactTextFormat(OutputFormat f) {
+  return f == OutputFormat::kGrammar || f == OutputFormat::kRegex;
+}
 
 struct ConstraintRequest {
   ChatFamily family = ChatFamily::kChatML;
@@ -41,7 +45,7 @@ struct ConstraintRequest {
   std::string forced_tool;  // kTool
   OutputFormat format = OutputFormat::kText;
   nlohmann::ordered_json schema;  // kJsonSchema
-  std::string grammar;            // kGrammar: GBNF text (runtime/gbnf.h)
+  std::string grammar;            // kGrammar: GBNF text, kRegex: the pattern (runtime/gbnf.h)
   bool reasoning = false;         // prompted reasoning first: a structured answer follows </think>
 };
 

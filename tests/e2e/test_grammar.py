@@ -163,11 +163,25 @@ def test_choices_and_schemas_under_vllm_names(oai):
     assert set(v) == {"n"} and isinstance(v["n"], int), v
 
 
+def test_guided_regex_sampled(oai):
+    pattern = r"(\d{3}-\d{4}|[A-Z][a-z]{2,8}), (yes|no)"
+    for seed in range(6):
+        r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "A phone number or a name?"}],
+                                        max_tokens=30, temperature=1.0, seed=seed,
+                                        extra_body={"guided_regex": pattern})
+        assert r.choices[0].finish_reason == "stop", r
+        assert re.fullmatch(pattern, r.choices[0].message.content), r.choices[0].message.content
+        r = oai.completions.create(model="m", prompt="Call me at", max_tokens=30, temperature=1.0, seed=seed,
+                                   extra_body={"structured_outputs": {"regex": pattern}})
+        assert re.fullmatch(pattern, r.choices[0].text), r.choices[0].text
+
+
 @pytest.mark.parametrize("body, needle", [
     ({"grammar": 'root ::= "a" |\n  b'}, "grammar: line 2, column 3: undefined rule 'b'"),
     ({"grammar": "root ::= x\nx ::= x \"y\""}, "left-recursive"),
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "one output format per request"),
-    ({"guided_regex": "[a-z]+"}, "regular expressions are not supported"),
+    ({"guided_regex": "(a)\\1"}, "regex: line 1, column 4: backreferences are not supported"),
+    ({"structured_outputs": {"regex": "a(?=b)"}}, "lookaround"),
     ({"guided_choice": []}, "guided_choice: expected an array of 1 to"),
     ({"grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      "cannot be combined with tools"),
