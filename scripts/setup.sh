@@ -114,7 +114,8 @@ if [ -f tools/llamacpp/package.json ]; then
     fi
     (cd tools/llamacpp && npm ci --no-audit --no-fund --loglevel=error)
   fi
-  # The parity reference computed natively against node-llama-cpp's own libllama (scripts/parity.py
+  # The parity reference and the grammar-mask oracle (grammar_ref) built natively against
+  # node-llama-cpp's own libllama (scripts/parity.py
   # falls back on the slower JavaScript harness, logits_ref.mjs, when this build is missing).
   bash tools/llamacpp/build_logits_ref.sh ||
     log "warning: tools/llamacpp/build/logits_ref did not build; parity runs use logits_ref.mjs (slower)"
