@@ -155,7 +155,12 @@ std::optional<ApiError> ParseGuidedOutput(const Json& body, ChatRequest* req) {
       req->format_grammar = GbnfChoice(options);
     } else if (key == "guided_json" || key == "json") {
       Json schema = v;
-      if (v.is_string()) schema = Json::parse(v.get<std::string>(), nullptr, false);
+      if (v.is_string()) {  // text from the request: its nesting is bounded as the body's is
+        const std::string& text = v.get_ref<const std::string&>();
+        if (JsonDepth(text, kLimits.max_json_depth) > kLimits.max_json_depth)
+          return InvalidRequest(f.name + ": nested deeper than " + std::to_string(kLimits.max_json_depth) + " levels");
+        schema = Json::parse(text, nullptr, false);
+      }
       if (!schema.is_object())
         return InvalidRequest(f.name + ": expected a JSON schema (an object, or one encoded as a string)");
       req->format = schema.empty() ? OutputFormat::kJsonObject : OutputFormat::kJsonSchema;

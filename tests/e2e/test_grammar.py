@@ -183,6 +183,7 @@ def test_guided_regex_sampled(oai):
     ({"guided_regex": "(a)\\1"}, "regex: line 1, column 4: backreferences are not supported"),
     ({"structured_outputs": {"regex": "a(?=b)"}}, "lookaround"),
     ({"guided_choice": []}, "guided_choice: expected an array of 1 to"),
+    ({"guided_json": "[" * 100000 + "]" * 100000}, "guided_json: nested deeper than 64 levels"),
     ({"grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      "cannot be combined with tools"),
     ({"grammar": 'root ::= <think> "x"'}, "token matches"),
