@@ -102,7 +102,6 @@ int CmdGrammar(const Args& args) {
   Cli cli("grammar", "Check a GBNF grammar as the server's `grammar` field compiles it.");
   CLI::App& app = cli.app();
   std::string grammar_path, text, model, walks;
-  bool has_text = false;
   app.add_option("grammar", grammar_path, "the grammar file (GBNF, rule `root` first or anywhere)")
       ->required()
       ->type_name("FILE.gbnf");
@@ -111,7 +110,7 @@ int CmdGrammar(const Args& args) {
   app.add_option("--masks", walks, "JSONL of {\"tokens\": [...]}: print the token masks along each")
       ->type_name("WALKS.jsonl");
   if (auto rc = cli.Parse(args)) return *rc;
-  has_text = app.count("--text") > 0;
+  const bool has_text = app.count("--text") > 0;
   std::ifstream in(grammar_path, std::ios::binary);
   if (!in) {
     std::fprintf(stderr, "mererun grammar: cannot read %s\n", grammar_path.c_str());

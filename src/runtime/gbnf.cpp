@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -548,27 +549,18 @@ class Emitter {
   }
 
   Result<Expr> One(const Node& n) {
-    Expr e;
-    switch (n.kind) {
-      case Node::kLiteral: {
-        std::string bytes;
-        for (uint32_t c : n.text) unicode::AppendUtf8(c, &bytes);
-        e = b_.Literal(bytes);
-        break;
-      }
-      case Node::kClass:
-        e = b_.CodePoints(n.ranges);
-        break;
-      case Node::kRef:
-        e = b_.Ref(ids_[n.rule]);
-        break;
-      case Node::kGroup: {
-        Result<Expr> g = Alts(n.group);
-        if (!g.ok()) return g;
-        e = std::move(*g);
-        break;
-      }
+    // An unbounded repetition of free text is a character loop, emitted once; the copies a
+    // minimum asks for come before it.
+    std::optional<Expr> loop;
+    if (n.max == -1) {
+      Result<std::optional<Expr>> l = TextLoop(n);
+      if (!l.ok()) return l.status();
+      loop = std::move(*l);
+      if (loop && n.min == 0) return *loop;
     }
+    Result<Expr> base = Base(n);
+    if (!base.ok()) return base;
+    Expr e = std::move(*base);
     size_t size = 0;
     for (const auto& a : e.alts) size += a.size();
     const int copies = n.max == -1 ? n.min + 1 : n.max;
@@ -585,17 +577,34 @@ class Emitter {
     if (n.min == 1 && n.max == 1) return e;
     if (n.min == 0 && n.max == 1) return b_.Opt(e);
     if (n.max == -1) {
-      Result<Expr> loop = Loop(n, e);
-      if (!loop.ok()) return loop;
-      return n.min == 0 ? *loop : b_.Seq({b_.Repeat(e, n.min, n.min), *loop});
+      const Expr rest = loop ? *loop : b_.Star(e);
+      return n.min == 0 ? rest : b_.Seq({b_.Repeat(e, n.min, n.min), rest});
     }
     return b_.Repeat(e, n.min, n.max);
   }
 
-  // The unbounded repetition of n (its expression e): a character loop when n is a class of
-  // free text, or a group one of whose alternatives is (`([^"\\] | "\\" escape)*`), so token
-  // masks inside it need not walk the tokens made of its characters; else a plain Star.
-  Result<Expr> Loop(const Node& n, const Expr& e) {
+  // n itself, without its repetition.
+  Result<Expr> Base(const Node& n) {
+    switch (n.kind) {
+      case Node::kLiteral: {
+        std::string bytes;
+        for (uint32_t c : n.text) unicode::AppendUtf8(c, &bytes);
+        return b_.Literal(bytes);
+      }
+      case Node::kClass:
+        return b_.CodePoints(n.ranges);
+      case Node::kRef:
+        return b_.Ref(ids_[n.rule]);
+      case Node::kGroup:
+        return Alts(n.group);
+    }
+    return Expr{};
+  }
+
+  // The character loop of n's unbounded repetition when n is a class of free text, or a group one
+  // of whose alternatives is (`([^"\\] | "\\" escape)*`), so that token masks inside it need not
+  // walk the tokens made of its characters; nullopt otherwise.
+  Result<std::optional<Expr>> TextLoop(const Node& n) {
     auto text_class = [](const Node& x, bool once) {
       if (x.kind != Node::kClass || (once && (x.min != 1 || x.max != 1))) return false;
       uint32_t ascii = 0;
@@ -603,22 +612,21 @@ class Emitter {
         if (lo < 0x80) ascii += std::min<uint32_t>(hi, 0x7F) - lo + 1;
       return ascii >= kLoopAscii;
     };
-    if (text_class(n, false)) return b_.CharLoop(n.ranges);
-    if (n.kind == Node::kGroup) {
-      for (size_t i = 0; i < n.group.size(); ++i) {
-        if (n.group[i].size() != 1 || !text_class(n.group[i][0], true)) continue;
-        Alternatives rest = n.group;
-        rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
-        std::vector<Expr> others;
-        if (!rest.empty()) {
-          Result<Expr> r = Alts(rest);
-          if (!r.ok()) return r;
-          others.push_back(*r);
-        }
-        return b_.CharLoop(n.group[i][0].ranges, others);
+    if (text_class(n, false)) return std::optional<Expr>(b_.CharLoop(n.ranges));
+    if (n.kind != Node::kGroup) return std::optional<Expr>();
+    for (size_t i = 0; i < n.group.size(); ++i) {
+      if (n.group[i].size() != 1 || !text_class(n.group[i][0], true)) continue;
+      Alternatives rest = n.group;
+      rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
+      std::vector<Expr> others;
+      if (!rest.empty()) {
+        Result<Expr> r = Alts(rest);
+        if (!r.ok()) return r.status();
+        others.push_back(*r);
       }
+      return std::optional<Expr>(b_.CharLoop(n.group[i][0].ranges, others));
     }
-    return b_.Star(e);
+    return std::optional<Expr>();
   }
 
   GrammarBuilder& b_;
@@ -680,12 +688,12 @@ class RegexParser {
       } else if (c == '*' || c == '+' || c == '?') {
         if (out->empty()) return Error(start, std::string("'") + c + "' must follow an item");
         ++p_;
-        if (Status st = Quantify(&out->back(), c == '+' ? 1 : 0, c == '?' ? 1 : -1); !st.ok()) return st;
+        Quantify(&out->back(), c == '+' ? 1 : 0, c == '?' ? 1 : -1);
         continue;
       } else if (c == '{' && !out->empty() && IsQuantifier()) {
         int lo = 0, hi = -1;
         if (Status st = Braces(&lo, &hi); !st.ok()) return st;
-        if (Status st = Quantify(&out->back(), lo, hi); !st.ok()) return st;
+        Quantify(&out->back(), lo, hi);
         continue;
       } else if (c == '(') {
         if (depth + 1 > kMaxDepth) return Error(start, "groups nested deeper than " + std::to_string(kMaxDepth));
@@ -726,10 +734,9 @@ class RegexParser {
   }
 
   // After an item: a quantifier, then an optional lazy '?' or possessive '+' (same language).
-  Status Quantify(Node* n, int lo, int hi) {
+  void Quantify(Node* n, int lo, int hi) {
     SetRepetition(n, lo, hi);
     if (Peek() == '?' || Peek() == '+') ++p_;
-    return Status::Ok();
   }
 
   // '{' starts a quantifier ({m}, {m,}, {m,n}, {,n}); otherwise it is a literal brace.

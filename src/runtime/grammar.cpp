@@ -140,12 +140,7 @@ GrammarBuilder::Expr GrammarBuilder::StringChar() {
 }
 
 GrammarBuilder::Expr GrammarBuilder::Utf8NonAscii() {
-  // Well-formed UTF-8 sequences of 2 to 4 bytes (Unicode's table 3-7).
-  const Expr tail = Range(0x80, 0xbf);
-  return Alt({Seq({Range(0xc2, 0xdf), tail}), Seq({Byte(0xe0), Range(0xa0, 0xbf), tail}),
-              Seq({Range(0xe1, 0xec), tail, tail}), Seq({Byte(0xed), Range(0x80, 0x9f), tail}),
-              Seq({Range(0xee, 0xef), tail, tail}), Seq({Byte(0xf0), Range(0x90, 0xbf), tail, tail}),
-              Seq({Range(0xf1, 0xf3), tail, tail, tail}), Seq({Byte(0xf4), Range(0x80, 0x8f), tail, tail})});
+  return CodePoints({{0x80, 0x10FFFF}});  // Unicode's table 3-7: 8 lead-byte forms
 }
 
 GrammarBuilder::Expr GrammarBuilder::JsonStringBody() {

@@ -122,14 +122,10 @@ TokenConstraint::Options HarmonyAutoTriggers(bool tools, bool structured) {
 // schema (strict), or the sentences of its GBNF grammar.
 Result<Expr> AnswerExpr(GrammarBuilder& b, const ConstraintRequest& req) {
   if (req.format == OutputFormat::kJsonObject) return JsonAnyObject(b);
-  if (req.format == OutputFormat::kGrammar) {
-    Result<Expr> g = GbnfExpr(b, req.grammar);
-    if (!g.ok()) return InvalidArgument("grammar: " + g.status().message());
-    return g;
-  }
-  if (req.format == OutputFormat::kRegex) {
-    Result<Expr> g = RegexExpr(b, req.grammar);
-    if (!g.ok()) return InvalidArgument("regex: " + g.status().message());
+  if (ExactTextFormat(req.format)) {
+    const bool regex = req.format == OutputFormat::kRegex;
+    Result<Expr> g = regex ? RegexExpr(b, req.grammar) : GbnfExpr(b, req.grammar);
+    if (!g.ok()) return InvalidArgument((regex ? "regex: " : "grammar: ") + g.status().message());
     return g;
   }
   Result<Expr> e = JsonSchemaExpr(b, req.schema, {/*strict=*/true});
