@@ -68,7 +68,7 @@ int CmdServe(const Args& args) {
   long long max_body = 33554432, max_output = 0;
   float temp = 0;  // default temperature for requests without one (model default when not given)
   double drain_s = 30;
-  std::string draft_arg, draft_model_arg, draft_tokens_arg;
+  std::string draft_arg, draft_model_arg, draft_tokens_arg, pooling_arg;
   app.add_option("--host", sopts.host, "address to listen on");
   app.add_option("--port", sopts.port, "TCP port (0: any free port, printed on stderr)")->check(InRange(0, 65535));
   app.add_option("-c,--ctx", n_ctx_arg, "context length (0: the model's, at most 32768)")->check(AtLeast<int64_t>(0));
@@ -125,6 +125,10 @@ int CmdServe(const Args& args) {
                  "drafts per step: auto (the cost controller picks 0..7), auto:KMAX or N (default auto; env "
                  "MERERUN_DRAFT_TOKENS)")
       ->type_name("K");
+  app.add_option("--pooling", pooling_arg,
+                 "how /v1/embeddings pools the hidden states: mean, cls or last (default: the model file's "
+                 "pooling type, else mean)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   app.add_option("--drain-seconds", drain_s, "on SIGINT/SIGTERM, time admitted requests get to finish")
       ->check(InRange(0.0, 86400.0));
   if (auto rc = cli.Parse(args)) return *rc;
@@ -191,6 +195,11 @@ int CmdServe(const Args& args) {
   if (temp_opt->count() > 0) sm.default_sampling.temperature = temp;
   sm.n_ctx = n_ctx;
   sm.max_output_tokens = max_output;
+  sm.pooling = pooling_arg == "mean"                       ? Pooling::kMean
+               : pooling_arg == "cls"                      ? Pooling::kCls
+               : pooling_arg == "last"                     ? Pooling::kLast
+               : model->config().pooling != Pooling::kNone ? model->config().pooling
+                                                           : Pooling::kMean;
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = *signing_key;
   {
@@ -213,6 +222,7 @@ int CmdServe(const Args& args) {
     rs.default_top_p = sm.default_sampling.top_p;
     rs.default_top_k = sm.default_sampling.top_k;
     rs.default_min_p = sm.default_sampling.min_p;
+    rs.pooling = PoolingName(sm.pooling);
     auto identity = MakeReplicaIdentity(*model, rs);
     if (!identity.ok()) {
       std::fprintf(stderr, "mererun serve: %s\n", identity.status().message().c_str());

@@ -59,6 +59,7 @@ Result<ReplicaIdentity> MakeReplicaIdentity(const Model& m, const ReplicaSetting
                  {"top_p", s.default_top_p},
                  {"top_k", s.default_top_k},
                  {"min_p", s.default_min_p}}},
+               {"pooling", s.pooling},
                {"environment", env}};
   id.hash = Sha256Hex(id.fields.dump()).substr(0, 16);
   return id;

@@ -29,6 +29,7 @@ struct ReplicaSettings {
   double default_top_p = 0;
   int64_t default_top_k = 0;
   double default_min_p = 0;
+  std::string pooling;  // how embeddings are pooled (PoolingName)
 };
 
 struct ReplicaIdentity {

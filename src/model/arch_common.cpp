@@ -147,6 +147,20 @@ Status ReadPositiveFloatKey(const gguf::GgufFile& f, const std::string& key, dou
   return ReadFloatKey(f, key, 0.0, hi, /*lo_exclusive=*/true, def, out);
 }
 
+const char* PoolingName(Pooling p) {
+  switch (p) {
+    case Pooling::kMean:
+      return "mean";
+    case Pooling::kCls:
+      return "cls";
+    case Pooling::kLast:
+      return "last";
+    case Pooling::kNone:
+      break;
+  }
+  return "none";
+}
+
 Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelConfig* cfg) {
   const std::string p = arch + ".";
   cfg->arch_name = arch;
@@ -186,6 +200,11 @@ Status ReadCommonConfig(const gguf::GgufFile& f, const std::string& arch, ModelC
                        " != head dim " + std::to_string(cfg->head_dim) + ") are not supported");
   }
   MR_RETURN_IF_ERROR(ReadRopeScaling(f, p, cfg));
+  int64_t pooling = 0;
+  MR_RETURN_IF_ERROR(ReadIntKey(f, p + "pooling_type", 0, 4, 0, &pooling));
+  if (pooling == 4)
+    return Unsupported("[model] metadata key '" + p + "pooling_type': 4 (rank, a reranker's head) is not supported");
+  cfg->pooling = static_cast<Pooling>(pooling);
   const auto* tokens = f.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens || tokens->empty()) return InvalidArgument("[model] missing tokenizer.ggml.tokens");
   if (tokens->size() > static_cast<size_t>(INT32_MAX)) {

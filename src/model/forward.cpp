@@ -71,13 +71,13 @@ Status Model::CheckBatch(std::span<const BatchSeq> seqs) const {
   return Status::Ok();
 }
 
-Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits) {
-  const BatchSeq all{&kv, tokens, n, all_logits};
+Status Model::Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits, float* hidden) {
+  const BatchSeq all{&kv, tokens, n, all_logits, hidden};
   MR_RETURN_IF_ERROR(CheckBatch(std::span<const BatchSeq>(&all, 1)));
   // Earlier passes of a last-row-only call need no logits: only the last pass computes them.
   for (int64_t r0 = 0; r0 < n; r0 += kForwardChunk) {
     const int64_t m = std::min(kForwardChunk, n - r0);
-    const BatchSeq part{&kv, tokens + r0, m, all_logits};
+    const BatchSeq part{&kv, tokens + r0, m, all_logits, hidden != nullptr ? hidden + r0 * cfg_.d_model : nullptr};
     float* out = all_logits ? logits + r0 * cfg_.n_vocab : (r0 + m == n ? logits : nullptr);
     RunBatch(std::span<const BatchSeq>(&part, 1), out);
   }
@@ -278,6 +278,16 @@ void Model::RunBatch(std::span<const BatchSeq> seqs, float* logits) {
     }
   }
 
+  // Hidden states for embeddings: the output norm of every row of the sequences that want them.
+  {
+    int64_t r = 0;
+    for (const BatchSeq& s : seqs) {
+      if (s.hidden != nullptr)
+        for (int64_t t = 0; t < s.n; ++t)
+          ref::RmsNorm(x_.data() + (r + t) * d, w_.output_norm.data(), d, c.rms_eps, s.hidden + t * d);
+      r += s.n;
+    }
+  }
   // Output norm and matmul only on the rows whose logits are wanted, gathered contiguously in
   // sequence order: every row of an all_logits sequence, the last row of the others.
   if (logits != nullptr) {

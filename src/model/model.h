@@ -37,6 +37,12 @@ enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3, kS
 // kSwigluOai: gpt-oss's clamped SwiGLU, min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
 // (llama.cpp's swiglu_oai), on the gate and up projections with their biases.
 enum class Activation { kSilu, kGeluTanh, kSwigluOai };
+// How an embedding is pooled from the output-normed final hidden states of a sequence's rows
+// (llama.cpp's llama_pooling_type, same values): kNone (per-token, no embedding of the
+// sequence), the mean over every row, the first row (kCls) or the last (kLast). kRank
+// (rerankers' classification head) is not supported.
+enum class Pooling { kNone = 0, kMean = 1, kCls = 2, kLast = 3 };
+const char* PoolingName(Pooling p);  // "none", "mean", "cls", "last"
 
 struct ModelConfig {
   Arch arch = Arch::kLlama;
@@ -94,6 +100,9 @@ struct ModelConfig {
   // the process default (kActArch): gpt-oss's expert inputs, where int8 alone left the fast path
   // further from the exact arithmetic than llama.cpp (docs/models.md).
   uint8_t arch_fine_acts = 0;
+  // The file's `{arch}.pooling_type` (embedding models: Qwen3-Embedding says kLast); kNone when
+  // absent, as in every generative model's file.
+  Pooling pooling = Pooling::kNone;
 };
 
 struct LayerWeights {
@@ -210,7 +219,10 @@ class Model {
   // Fails (without touching the cache) when the context would overflow. ForwardBatch of one,
   // run in passes of at most kForwardChunk rows, so the workspaces (which grow with the rows of
   // a pass) stay bounded however long the prompt; the numbers are the same as in one pass.
-  Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits);
+  // hidden (optional): the output-normed final hidden state of every row, (n, d_model): what
+  // embeddings pool (llama.cpp's "result_norm"), the input of the logits matmul.
+  Status Forward(KvCache& kv, const TokenId* tokens, int64_t n, bool all_logits, float* logits,
+                 float* hidden = nullptr);
   static constexpr int64_t kForwardChunk = 512;
 
   // Several sequences in one pass (batched decode, prefill chunks and verify rows together):
@@ -225,6 +237,7 @@ class Model {
     const TokenId* tokens = nullptr;
     int64_t n = 0;
     bool all_logits = false;
+    float* hidden = nullptr;  // optional: each row's output-normed hidden state, (n, d_model)
   };
   Status ForwardBatch(std::span<const BatchSeq> seqs, float* logits);
 

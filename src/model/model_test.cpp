@@ -1001,6 +1001,12 @@ std::vector<MalformedCase> MalformedCases() {
   c.push_back({"SlidingWindowNegative", "gemma3",
                Meta([](W& w, A a) { w.SetI32(a + ".attention.sliding_window", -4); }),
                "'gemma3.attention.sliding_window'"});
+  c.push_back(
+      {"PoolingTypeRank", "qwen3", Meta([](W& w, A a) { w.SetU32(a + ".pooling_type", 4); }), "'qwen3.pooling_type'"});
+  c.push_back({"PoolingTypeOutOfRange", "llama", Meta([](W& w, A a) { w.SetI32(a + ".pooling_type", 9); }),
+               "'llama.pooling_type'"});
+  c.push_back({"PoolingTypeString", "qwen2", Meta([](W& w, A a) { w.SetString(a + ".pooling_type", "last"); }),
+               "'qwen2.pooling_type'"});
   c.push_back({"SamplingTemperatureNan", "qwen2", Meta([nan](W& w, A) { w.SetF32("general.sampling.temp", nan); }),
                "'general.sampling.temp'"});
   c.push_back({"SamplingTopPAboveOne", "llama", Meta([](W& w, A) { w.SetF32("general.sampling.top_p", 1.5f); }),
@@ -1117,6 +1123,23 @@ TEST(MalformedModelTest, BoundaryValuesStillLoad) {
   const std::vector<TokenId> toks = {1, 2, 3};
   ASSERT_TRUE(m->Forward(kv, toks.data(), 3, false, logits.data()).ok());
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(m->config().pooling, Pooling::kNone);  // a generative model's file has no pooling type
+}
+
+// An embedding model's file names its pooling (Qwen3-Embedding: 3, last), llama.cpp's values.
+TEST(MalformedModelTest, PoolingTypeIsRead) {
+  for (const auto& [value, want] : {std::pair{1u, Pooling::kMean}, {2u, Pooling::kCls}, {3u, Pooling::kLast}}) {
+    TinySpec s;
+    s.arch = "qwen3";
+    const uint32_t v = value;
+    s.edit_meta = [v](gguf::GgufWriter& w) { w.SetU32("qwen3.pooling_type", v); };
+    const std::string path = WriteTinyModel(s, 44);
+    auto m = LoadTiny(path, false);
+    std::filesystem::remove(path);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->config().pooling, want);
+    EXPECT_STREQ(PoolingName(m->config().pooling), v == 1 ? "mean" : v == 2 ? "cls" : "last");
+  }
 }
 
 TEST(Gemma3SlidingWindow, TokensBeyondTheReceptiveFieldAreInvisible) {

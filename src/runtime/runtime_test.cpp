@@ -8,9 +8,12 @@
 #include <map>
 #include <numeric>
 
+#include "model/dequant.h"
+#include "model/gguf.h"
 #include "model/test_models.h"
 #include "runtime/generator.h"
 #include "runtime/sampler.h"
+#include "runtime/sequence.h"
 
 namespace mr {
 namespace {
@@ -283,6 +286,75 @@ TEST_F(GeneratorTest, ZeroMaxTokensEvaluatesThePromptOnly) {
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
   EXPECT_EQ(got, Greedy(prompt, 8));
+}
+
+// The hidden states Forward returns are the logits matmul's input: the output matrix's rows,
+// dequantized from the file, times the last row's hidden state give its logits (up to the fast
+// path's int8 activations). A Sequence embedding pools those rows over chunks of 7: the mean,
+// the first or the last, as computed here from one Forward call; nothing is reused between two
+// embeddings of one prompt, and nothing is sampled with max_tokens 0.
+TEST_F(GeneratorTest, EmbeddingsPoolTheOutputNormedHiddenStates) {
+  const ModelConfig& c = model_->config();
+  const int64_t d = c.d_model;
+  const auto prompt = model_->tokenizer().Encode(
+      "The quick brown fox jumps over the lazy dog; then it sleeps in the sun for a while.", true, false);
+  const auto n = static_cast<int64_t>(prompt.size());
+  ASSERT_GT(n, 14);
+  std::vector<float> hidden(static_cast<size_t>(n * d)), logits(static_cast<size_t>(c.n_vocab));
+  {
+    KvCache kv = model_->NewKvCache(256);
+    ASSERT_TRUE(model_->Forward(kv, prompt.data(), n, false, logits.data(), hidden.data()).ok());
+  }
+  const gguf::TensorInfo* out = model_->file().FindTensor("output.weight");
+  if (out == nullptr) out = model_->file().FindTensor("token_embd.weight");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(out->cols(), d);
+  std::vector<float> row(static_cast<size_t>(d));
+  double max_err = 0, max_logit = 0;
+  for (int64_t v = 0; v < c.n_vocab; v += 97) {
+    ASSERT_TRUE(DequantizeRow(out->type, out->data + v * out->row_bytes(), row.data(), d).ok());
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i)
+      dot += static_cast<double>(row[static_cast<size_t>(i)]) * hidden[static_cast<size_t>((n - 1) * d + i)];
+    max_err = std::max(max_err, std::abs(dot - logits[static_cast<size_t>(v)]));
+    max_logit = std::max(max_logit, std::abs(dot));
+  }
+  EXPECT_GT(max_logit, 5.0);
+  EXPECT_LT(max_err, 0.02 * max_logit) << "the hidden states are not the logits' input";
+
+  for (Pooling pooling : {Pooling::kMean, Pooling::kCls, Pooling::kLast}) {
+    std::vector<float> want(static_cast<size_t>(d));
+    for (int64_t i = 0; i < d; ++i) {
+      double sum = 0;
+      for (int64_t t = 0; t < n; ++t) sum += hidden[static_cast<size_t>(t * d + i)];
+      want[static_cast<size_t>(i)] = pooling == Pooling::kMean  ? static_cast<float>(sum / static_cast<double>(n))
+                                     : pooling == Pooling::kCls ? hidden[static_cast<size_t>(i)]
+                                                                : hidden[static_cast<size_t>((n - 1) * d + i)];
+    }
+    Sequence seq(*model_, 256);
+    for (int rep = 0; rep < 2; ++rep) {
+      GenerateParams p = GreedyParams(0);
+      p.embed = pooling;
+      ASSERT_TRUE(seq.Start(prompt, p).ok());
+      int steps = 0;
+      while (!seq.done()) {
+        auto r = seq.NextRows(7);
+        ASSERT_TRUE(r.ok());
+        if (seq.done()) break;
+        ASSERT_NE(r->hidden, nullptr);
+        ASSERT_TRUE(model_->Forward(seq.kv(), r->tokens, r->n, r->all_logits, logits.data(), r->hidden).ok());
+        ASSERT_TRUE(seq.Consume(logits.data(), [](TokenId) { return true; }).ok());
+        ++steps;
+      }
+      EXPECT_EQ(steps, (n + 6) / 7);
+      EXPECT_EQ(seq.stats().reused_tokens, 0);
+      EXPECT_EQ(seq.stats().generated, 0);
+      ASSERT_EQ(seq.embedding().size(), static_cast<size_t>(d)) << PoolingName(pooling);
+      for (int64_t i = 0; i < d; ++i)
+        ASSERT_NEAR(seq.embedding()[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-3)
+            << PoolingName(pooling) << " component " << i;
+    }
+  }
 }
 
 TEST_F(GeneratorTest, GreedyMatchesPlainLoopAndPrefixReuseChangesNothing) {

@@ -66,13 +66,15 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   // Keep the longest common prefix with what the cache holds, but evaluate at least the last
   // prompt token: its logits start the decode.
   int64_t keep = 0;
-  // Prompt log-probabilities need every row's logits: nothing is reused.
-  const int64_t limit =
-      params.prompt_logprobs >= 0 ? 0 : std::min<int64_t>(static_cast<int64_t>(tokens_.size()), n_prompt - 1);
+  // Prompt log-probabilities and embeddings need every row: nothing is reused, and an
+  // embedding's rows are not stored either (they would crowd conversations out of the cache).
+  const bool every_row = params.prompt_logprobs >= 0 || params.embed != Pooling::kNone;
+  if (params.embed != Pooling::kNone) cache_ = nullptr;
+  const int64_t limit = every_row ? 0 : std::min<int64_t>(static_cast<int64_t>(tokens_.size()), n_prompt - 1);
   while (keep < limit && tokens_[keep] == prompt[keep]) ++keep;
   kv_.n_past = keep;
   tokens_.resize(static_cast<size_t>(keep));
-  if (cache_ != nullptr && params.prompt_logprobs < 0) {
+  if (cache_ != nullptr && !every_row) {
     const int64_t got = cache_->Restore(prompt, n_prompt - 1, keep, kv_);
     if (got > keep) {
       stats_.cache_restored = got - keep;
@@ -90,6 +92,8 @@ Status Sequence::Start(std::span<const TokenId> prompt, const GenerateParams& pa
   counts_.clear();
   seen_.clear();
   prompt_logprobs_.clear();
+  embedding_.clear();
+  embed_sum_.assign(params.embed == Pooling::kMean ? static_cast<size_t>(model_.config().d_model) : 0, 0.0);
   if (params.prompt_logprobs >= 0)  // the first token has no row before it: no value
     prompt_logprobs_.push_back({prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
   if (params.adjust.repetition_penalty != 1.0f) seen_.insert(prompt.begin(), prompt.end());
@@ -126,6 +130,31 @@ void Sequence::Cancel() {
   if (!done_) Finish(StopCause::kCancelled);
 }
 
+void Sequence::PoolHidden() {
+  const int64_t d = model_.config().d_model, n_prompt = static_cast<int64_t>(feed_.size());
+  const bool last_chunk = feed_pos_ + step_n_ == n_prompt;
+  switch (params_.embed) {
+    case Pooling::kMean:
+      for (int64_t t = 0; t < step_n_; ++t)
+        for (int64_t i = 0; i < d; ++i) embed_sum_[static_cast<size_t>(i)] += hidden_[static_cast<size_t>(t * d + i)];
+      if (last_chunk) {
+        embedding_.resize(static_cast<size_t>(d));
+        for (int64_t i = 0; i < d; ++i)
+          embedding_[static_cast<size_t>(i)] =
+              static_cast<float>(embed_sum_[static_cast<size_t>(i)] / static_cast<double>(n_prompt));
+      }
+      break;
+    case Pooling::kCls:
+      if (feed_pos_ == 0) embedding_.assign(hidden_.begin(), hidden_.begin() + d);
+      break;
+    case Pooling::kLast:
+      if (last_chunk) embedding_.assign(hidden_.begin() + (step_n_ - 1) * d, hidden_.begin() + step_n_ * d);
+      break;
+    case Pooling::kNone:
+      break;
+  }
+}
+
 Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
   max_rows = std::max<int64_t>(1, max_rows);
   StepRows r;
@@ -141,6 +170,10 @@ Result<Sequence::StepRows> Sequence::NextRows(int64_t max_rows) {
     r.tokens = feed_.data() + feed_pos_;
     r.n = step_n_;
     r.all_logits = all;
+    if (params_.embed != Pooling::kNone && !decode_started_) {
+      hidden_.resize(static_cast<size_t>(step_n_ * model_.config().d_model));
+      r.hidden = hidden_.data();
+    }
     t_forward_ = Clock::now();
     return r;
   }
@@ -274,6 +307,7 @@ Status Sequence::Consume(const float* logits, const TokenFn& on_token) {
         }
         logits += (step_n_ - 1) * n_vocab;  // the last row, for sampling below
       }
+      if (params_.embed != Pooling::kNone && !decode_started_) PoolHidden();
       tokens_.insert(tokens_.end(), feed_.begin() + feed_pos_, feed_.begin() + feed_pos_ + step_n_);
       feed_pos_ += step_n_;
       if (prefilling()) return Status::Ok();

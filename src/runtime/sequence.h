@@ -73,6 +73,10 @@ struct GenerateParams {
   // alternatives; the first token has none: NaN, no alternatives), from all rows of the prefill (no KV reused, prefill
   // in chunks of at most kPromptLogprobRows rows so the logits stay small); read with Sequence::prompt_logprobs().
   int prompt_logprobs = -1;
+  // Not kNone: the prompt's embedding, pooled this way from every prompt row's output-normed
+  // hidden state (Model::BatchSeq::hidden); no KV is reused and none is stored in the prefix
+  // cache. Read with Sequence::embedding() once prefill is done (usually with max_tokens 0).
+  Pooling embed = Pooling::kNone;
 };
 
 // Rows per prefill Forward when prompt log-probabilities are wanted (the logits of every row are
@@ -117,6 +121,7 @@ class Sequence {
     const TokenId* tokens = nullptr;
     int64_t n = 0;
     bool all_logits = false;  // logits wanted for every row (verify) or the last one only
+    float* hidden = nullptr;  // where the rows' hidden states go (n, d_model), when embedding
   };
 
   Sequence(Model& model, int64_t n_ctx);
@@ -163,6 +168,9 @@ class Sequence {
   // With params.prompt_logprobs >= 0: one entry per prompt token (the first's value NaN), filled
   // as the prefill goes (complete once decoding starts).
   const std::vector<TokenLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
+  // With params.embed set: the pooled embedding (d_model floats, not normalized), complete once
+  // prefill is done.
+  const std::vector<float>& embedding() const { return embedding_; }
   // Frees the KV memory (the cache is then empty).
   void ReleaseCache();
   const CostController& controller() const { return controller_; }
@@ -228,6 +236,11 @@ class Sequence {
   std::unordered_set<TokenId> seen_;
   std::vector<TokenLogprob> prompt_logprobs_;
   TokenLogprob logprob_;
+  // Embeddings: the step's hidden states, the running sum (mean pooling) and the result.
+  std::vector<float> hidden_;
+  std::vector<double> embed_sum_;
+  std::vector<float> embedding_;
+  void PoolHidden();  // folds hidden_ (the prefill step's rows) into the embedding
 };
 
 }  // namespace mr

@@ -150,6 +150,8 @@ struct ServedModel {
   // load balancer's check keeps a differently configured replica out (docs/deploy.md).
   nlohmann::ordered_json identity = nlohmann::ordered_json::object();
   std::string identity_hash;
+  // How embeddings are pooled (embeddings_api.h): the file's pooling type, else serve --pooling.
+  Pooling pooling = Pooling::kMean;
 };
 
 struct PreparedChat {

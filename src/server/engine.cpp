@@ -528,6 +528,7 @@ void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release, bool c
   r.peak_rss_bytes = s.peak_rss;
   r.kv_peak_bytes = s.peak_kv;
   if (job->params.prompt_logprobs >= 0) r.prompt_logprobs = s.seq.prompt_logprobs();
+  if (job->params.embed != Pooling::kNone) r.embedding = s.seq.embedding();
   // VmHWM is updated lazily by the kernel and can trail a sample of the resident size by a
   // few hundred KB: the high-water mark reported is never below what was sampled.
   r.process_peak_rss_bytes = std::max(ResidentPeakBytes(), s.peak_rss);
@@ -576,7 +577,7 @@ void Engine::Impl::Step(const sched::Plan& plan) {
       Finish(*s, mr::Status::Ok(), false);
       continue;
     }
-    batch.push_back(Model::BatchSeq{&s->seq.kv(), r->tokens, r->n, r->all_logits});
+    batch.push_back(Model::BatchSeq{&s->seq.kv(), r->tokens, r->n, r->all_logits, r->hidden});
     entries.push_back(Entry{s, r->n, r->all_logits ? r->n : 1, prefill});
   }
   if (batch.empty()) return;

@@ -66,6 +66,7 @@ struct JobResult {
   uint64_t kv_peak_bytes = 0;
   uint64_t process_peak_rss_bytes = 0;
   std::vector<TokenLogprob> prompt_logprobs;  // with params.prompt_logprobs >= 0 (Sequence's)
+  std::vector<float> embedding;               // with params.embed set (Sequence's, not normalized)
 };
 
 struct EngineJob {

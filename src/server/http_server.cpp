@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <optional>
 
 #include "base/log.h"
 #include "server/anthropic_api.h"
 #include "server/connection.h"
+#include "server/embeddings_api.h"
 #include "server/http_transport.h"
 #include "server/llamacpp_api.h"
 #include "server/ollama_api.h"
@@ -32,13 +36,22 @@ bool IsOllamaPath(const std::string& path) {
 // llama.cpp's own endpoints (llamacpp_api.h); their errors have the OpenAI shape, as llama.cpp's do.
 bool IsLlamaPath(const std::string& path) {
   return path == "/completion" || path == "/completions" || path == "/infill" || path == "/tokenize" ||
-         path == "/detokenize" || path == "/props";
+         path == "/detokenize" || path == "/props" || path == "/embedding" || path == "/embeddings";
+}
+
+// The embedding endpoints (embeddings_api.h).
+std::optional<EmbeddingApi> EmbeddingApiOfPath(const std::string& path) {
+  if (path == "/v1/embeddings") return EmbeddingApi::kOpenAI;
+  if (path == "/embedding" || path == "/embeddings") return EmbeddingApi::kLlama;
+  if (path == "/api/embed") return EmbeddingApi::kOllama;
+  if (path == "/api/embeddings") return EmbeddingApi::kOllamaLegacy;
+  return std::nullopt;
 }
 
 Api ApiOfPath(const std::string& path) {
   if (IsOllamaPath(path)) return Api::kOllama;
   return path.rfind("/v1/chat/", 0) == 0 || path.rfind("/v1/completions", 0) == 0 ||
-                 path.rfind("/v1/responses", 0) == 0 || IsLlamaPath(path)
+                 path.rfind("/v1/responses", 0) == 0 || path == "/v1/embeddings" || IsLlamaPath(path)
              ? Api::kOpenAI
              : Api::kAnthropic;
 }
@@ -85,7 +98,7 @@ void LogLong(const char* what, const std::string& text) {
 bool IsGenerationPath(const std::string& path) {
   return path == "/v1/messages" || path == "/v1/chat/completions" || path == "/v1/completions" ||
          path == "/v1/responses" || path == "/completion" || path == "/completions" || path == "/infill" ||
-         path == "/api/chat" || path == "/api/generate";
+         path == "/api/chat" || path == "/api/generate" || EmbeddingApiOfPath(path).has_value();
 }
 
 // /v1/responses/{id} and below (not /v1/responses/input_tokens).
@@ -649,6 +662,88 @@ struct HttpServer::Impl {
     res.SetContent(DumpWireJson(list), "application/json");
   }
 
+  // The embedding endpoints: one engine job per input (prefill only, pooled hidden states),
+  // at most max_active of them queued or running at a time, so a request of many inputs neither
+  // fills the queue nor gets 429 for its own inputs; the results in input order. A client that
+  // leaves cancels what is still running.
+  void Embeddings(const HttpRequest& req, HttpResponse& res, Api api, EmbeddingApi kind) {
+    Json body;
+    if (auto e = ParseRequestBody(req.body, opts.limits, &body)) return SetError(res, api, *e);
+    EmbeddingRequest er;
+    if (auto e = ParseEmbeddingRequest(body, sm, kind, &er)) return SetError(res, api, *e);
+    struct State {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::vector<std::optional<Result<JobResult>>> results;
+      size_t finished = 0;
+    };
+    const size_t n = er.inputs.size();
+    auto st = std::make_shared<State>();
+    st->results.resize(n);
+    std::vector<std::shared_ptr<EngineJob>> jobs;
+    auto cancel = [&jobs] {
+      for (const auto& j : jobs) j->Cancel();
+    };
+    const size_t window = static_cast<size_t>(std::max(1, sm.engine->Status().max_active));
+    const auto t0 = Clock::now();
+    for (;;) {
+      size_t finished = 0;
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        finished = st->finished;
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          if (st->results[i] && !st->results[i]->ok()) {
+            cancel();
+            const mr::Status& why = st->results[i]->status();
+            return SetError(res, api,
+                            {why.code() == ErrorCode::kUnavailable ? ApiErrorType::kOverloaded : ApiErrorType::kApi,
+                             why.message()});
+          }
+        }
+      }
+      if (finished == n) break;
+      while (jobs.size() < n && jobs.size() - finished < window) {
+        auto job = std::make_shared<EngineJob>();
+        const size_t i = jobs.size();
+        job->prompt = er.inputs[i];
+        job->params.max_tokens = 0;
+        job->params.embed = sm.pooling;
+        job->on_token = [](TokenId) { return false; };
+        job->on_done = [st, i](const Result<JobResult>& r) {
+          std::lock_guard<std::mutex> lock(st->mu);
+          st->results[i] = r;
+          ++st->finished;
+          st->cv.notify_all();
+        };
+        const SubmitResult sr = sm.engine->Submit(job);
+        if (sr.admit != sched::Admit::kQueued) {
+          if (jobs.size() > finished) break;  // ours are still queued or running: wait for them
+          cancel();
+          return SetError(
+              res, api,
+              sr.admit == sched::Admit::kQueueFull
+                  ? ApiError{ApiErrorType::kRateLimit, "too many queued requests; retry later", sr.retry_after_s}
+                  : ApiError{ApiErrorType::kOverloaded, "the server is overloaded; retry later", sr.retry_after_s});
+        }
+        jobs.push_back(std::move(job));
+      }
+      std::unique_lock<std::mutex> lock(st->mu);
+      st->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return st->finished != finished; });
+      lock.unlock();
+      if (PeerClosed(req.fd)) return cancel();
+    }
+    std::vector<std::vector<float>> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      JobResult& r = st->results[i]->value();
+      if (r.stop == StopCause::kCancelled || r.embedding.empty())
+        return SetError(res, api, {ApiErrorType::kApi, "input " + std::to_string(i) + " was not evaluated"});
+      out[i] = std::move(r.embedding);
+    }
+    res.SetContent(
+        DumpWireJson(EmbeddingResponse(er, std::move(out), std::chrono::duration<double>(Clock::now() - t0).count())),
+        "application/json");
+  }
+
   // llama.cpp's /tokenize and /detokenize.
   void Tokens(const HttpRequest& req, HttpResponse& res) {
     Json body, out;
@@ -810,7 +905,9 @@ struct HttpServer::Impl {
     if (IsStoredResponsePath(req.path)) return StoredResponseRoute(req, res);
     const Api api = ApiOfPath(req.path);
     auto count = std::make_shared<RequestCount>(sm.metrics, api);
-    if (req.path == "/api/chat" || req.path == "/api/generate") {
+    if (const std::optional<EmbeddingApi> e = EmbeddingApiOfPath(req.path)) {
+      Embeddings(req, res, api, *e);
+    } else if (req.path == "/api/chat" || req.path == "/api/generate") {
       OllamaGenerate(req, res, count, req.path == "/api/chat");
     } else if (req.path == "/v1/responses") {
       Responses(req, res, count);

@@ -3,8 +3,9 @@
 // 1 set, the /v1/completions) parser, or with bit 3 set llama.cpp's (bit 1: /infill, else
 // /completion; /tokenize reads the same body), or with bit 4 set Ollama's (bit 1: /api/generate,
 // else /api/chat), or with bit 5 set the Responses API's (/v1/responses, with a store that holds
-// the response "resp_seed" for previous_response_id),
-// then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
+// the response "resp_seed" for previous_response_id), or with bit 6 set an embeddings body (bits 1-2:
+// OpenAI, llama.cpp, Ollama, Ollama's older endpoint) parsed, tokenized and answered for vectors
+// made up from the input, then rendering, tokenization and cache-breakpoint mapping (PrepareChat) on a real tokenizer
 // and chat template, and the first token mask of a grammar constraint (tool schemas, structured
 // outputs). Every outcome must be a value: an ApiError or a prepared prompt.
 // Seeds: tests/fuzz/corpus/requests.
@@ -12,6 +13,7 @@
 
 #include "fuzz_common.h"
 #include "server/anthropic_api.h"
+#include "server/embeddings_api.h"
 #include "server/llamacpp_api.h"
 #include "server/ollama_api.h"
 #include "server/openai_api.h"
@@ -62,6 +64,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const mr::server::ServedModel& sm = Served();
   nlohmann::ordered_json json;
   if (mr::server::ParseRequestBody(body, mr::server::RequestLimits{}, &json)) return 0;
+  if ((data[0] & 64) != 0) {
+    mr::server::EmbeddingRequest er;
+    const auto api = static_cast<mr::server::EmbeddingApi>((data[0] >> 1) & 3);
+    if (mr::server::ParseEmbeddingRequest(json, sm, api, &er)) return 0;
+    std::vector<std::vector<float>> vectors;
+    for (const auto& in : er.inputs) {
+      std::vector<float> v(static_cast<size_t>(sm.model->config().d_model));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(in[i % in.size()] % 17) - 8.0f;
+      vectors.push_back(std::move(v));
+    }
+    (void)mr::server::DumpWireJson(mr::server::EmbeddingResponse(er, std::move(vectors), 0.5));
+    return 0;
+  }
   mr::server::ChatRequest req;
   if (anthropic) {
     mr::server::AnthropicOptions opts;

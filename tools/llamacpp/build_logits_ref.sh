@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds tools/llamacpp/build/logits_ref (logits_ref.cpp) and build/grammar_ref (grammar_ref.cpp,
-# llama.cpp's grammar masks) against node-llama-cpp's own prebuilt
+# Builds tools/llamacpp/build/logits_ref (logits_ref.cpp), build/grammar_ref (grammar_ref.cpp,
+# llama.cpp's grammar masks) and build/embed_ref (embed_ref.cpp, its pooled embeddings) against node-llama-cpp's own prebuilt
 # llama.cpp (its libllama / libggml for this platform, and the headers of the same release from
 # the package's llama/gitRelease.bundle). scripts/setup.sh runs it after `npm ci`; it does nothing
 # when the binary is newer than its inputs. Needs g++ and nlohmann-json (installed by setup.sh).
@@ -14,7 +14,7 @@ if [ ! -f "$nlc/package.json" ] || [ -z "$bins" ] || [ ! -f "$bins/libllama.v0.4
   exit 1
 fi
 fresh() { [ -x "build/$1" ] && [ "build/$1" -nt "$1.cpp" ] && [ "build/$1" -nt "$nlc/package.json" ] && [ "build/$1" -nt "$self" ]; }
-if fresh logits_ref && fresh grammar_ref; then
+if fresh logits_ref && fresh grammar_ref && fresh embed_ref; then
   exit 0
 fi
 mkdir -p build
@@ -31,7 +31,7 @@ fi
 lib=$(cd "$bins" && pwd)
 # The backends (libggml-cpu-*.so) are loaded at run time from bins/ beside the binary.
 ln -sfn "$lib" build/bins
-for tool in logits_ref grammar_ref; do
+for tool in logits_ref grammar_ref embed_ref; do
   out=build/$tool
   g++ -std=c++17 -O2 -Wall -o "$out.tmp" "$tool.cpp" \
     -I"$src/include" -I"$src/ggml/include" \
