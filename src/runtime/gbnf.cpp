@@ -519,9 +519,40 @@ class Checker {
   std::vector<std::vector<size_t>> first_;
 };
 
+// JSON-string mode (JSON Schema `pattern`): the grammar emits the characters as a JSON string
+// body holds them, so '"', '\\' and the control characters appear as their escapes.
+bool NeedsJsonEscape(uint32_t c) {
+  return c == '"' || c == '\\' || c < 0x20;
+}
+
+// The escape JSON writers use for c (NeedsJsonEscape): the short forms, else \u00xx.
+std::string JsonEscape(uint32_t c) {
+  switch (c) {
+    case '"':
+      return "\\\"";
+    case '\\':
+      return "\\\\";
+    case '\b':
+      return "\\b";
+    case '\f':
+      return "\\f";
+    case '\n':
+      return "\\n";
+    case '\r':
+      return "\\r";
+    case '\t':
+      return "\\t";
+    default:
+      break;
+  }
+  static const char* kHex = "0123456789abcdef";
+  return std::string("\\u00") + kHex[(c >> 4) & 0xF] + kHex[c & 0xF];
+}
+
 class Emitter {
  public:
-  Emitter(GrammarBuilder& b, const std::vector<Rule>& rules, Source p) : b_(b), rules_(rules), p_(p) {}
+  Emitter(GrammarBuilder& b, const std::vector<Rule>& rules, Source p, bool json)
+      : b_(b), rules_(rules), p_(p), json_(json) {}
 
   Result<Expr> Run(size_t root) {
     for (size_t i = 0; i < rules_.size(); ++i) ids_.push_back(b_.DeclareRule());
@@ -588,11 +619,22 @@ class Emitter {
     switch (n.kind) {
       case Node::kLiteral: {
         std::string bytes;
-        for (uint32_t c : n.text) unicode::AppendUtf8(c, &bytes);
+        for (uint32_t c : n.text) {
+          if (json_ && NeedsJsonEscape(c)) {
+            bytes += JsonEscape(c);
+          } else {
+            unicode::AppendUtf8(c, &bytes);
+          }
+        }
         return b_.Literal(bytes);
       }
-      case Node::kClass:
-        return b_.CodePoints(n.ranges);
+      case Node::kClass: {
+        if (!json_) return b_.CodePoints(n.ranges);
+        Ranges raw;
+        std::vector<Expr> options = JsonSplit(n.ranges, &raw);
+        if (!raw.empty()) options.insert(options.begin(), b_.CodePoints(raw));
+        return b_.Alt(options);
+      }
       case Node::kRef:
         return b_.Ref(ids_[n.rule]);
       case Node::kGroup:
@@ -612,7 +654,16 @@ class Emitter {
         if (lo < 0x80) ascii += std::min<uint32_t>(hi, 0x7F) - lo + 1;
       return ascii >= kLoopAscii;
     };
-    if (text_class(n, false)) return std::optional<Expr>(b_.CharLoop(n.ranges));
+    // JSON-string mode: the loop's characters are those a string holds raw; the others' escapes
+    // join the loop's other alternatives.
+    auto loop = [&](const Ranges& ranges, std::vector<Expr> others) {
+      if (!json_) return b_.CharLoop(ranges, others);
+      Ranges raw;
+      std::vector<Expr> escapes = JsonSplit(ranges, &raw);
+      escapes.insert(escapes.end(), others.begin(), others.end());
+      return b_.CharLoop(raw, escapes);
+    };
+    if (text_class(n, false)) return std::optional<Expr>(loop(n.ranges, {}));
     if (n.kind != Node::kGroup) return std::optional<Expr>();
     for (size_t i = 0; i < n.group.size(); ++i) {
       if (n.group[i].size() != 1 || !text_class(n.group[i][0], true)) continue;
@@ -624,22 +675,40 @@ class Emitter {
         if (!r.ok()) return r.status();
         others.push_back(*r);
       }
-      return std::optional<Expr>(b_.CharLoop(n.group[i][0].ranges, others));
+      return std::optional<Expr>(loop(n.group[i][0].ranges, others));
     }
     return std::optional<Expr>();
+  }
+
+  // JSON-string mode: *raw = the code points of `ranges` a string holds as they are; returns the
+  // escapes of the others in `ranges`.
+  std::vector<Expr> JsonSplit(const Ranges& ranges, Ranges* raw) {
+    std::vector<Expr> escapes;
+    for (const auto& [lo, hi] : ranges) {
+      uint32_t from = lo;
+      for (uint32_t c = lo; c <= hi && c <= 0x5C; ++c) {
+        if (!NeedsJsonEscape(c)) continue;
+        if (c > from) raw->emplace_back(from, c - 1);
+        escapes.push_back(b_.Literal(JsonEscape(c)));
+        from = c + 1;
+      }
+      if (from <= hi) raw->emplace_back(from, hi);
+    }
+    return escapes;
   }
 
   GrammarBuilder& b_;
   const std::vector<Rule>& rules_;
   Source p_;
+  bool json_ = false;
   std::vector<uint32_t> ids_;
   size_t elements_ = 0;
 };
 
-Result<Expr> Compile(GrammarBuilder& b, const std::vector<Rule>& rules, size_t root, Source src) {
+Result<Expr> Compile(GrammarBuilder& b, const std::vector<Rule>& rules, size_t root, Source src, bool json = false) {
   Checker check(src, rules);
   if (Status st = check.Run(); !st.ok()) return st;
-  Emitter emit(b, rules, src);
+  Emitter emit(b, rules, src, json);
   return emit.Run(root);
 }
 
@@ -656,6 +725,9 @@ class RegexParser {
     return alts;
   }
   Source source() const { return Source{s_}; }
+  // Per alternative of the whole pattern: anchored at its start ('^'), at its end ('$').
+  const std::vector<std::pair<bool, bool>>& anchors() const { return anchors_; }
+  bool nested_anchor() const { return nested_anchor_; }  // '^' or '$' at the edge of a group
 
  private:
   bool AtEnd() const { return p_ >= s_.size(); }
@@ -663,13 +735,12 @@ class RegexParser {
   Status Error(size_t pos, const std::string& m) const { return source().Error(pos, m); }
 
   Status ParseAlternatives(Alternatives* out, int depth) {
-    out->emplace_back();
-    if (Status st = ParseSequence(&out->back(), depth); !st.ok()) return st;
-    while (Peek() == '|') {
-      ++p_;
+    do {
+      if (!out->empty()) ++p_;  // the '|'
       out->emplace_back();
+      if (depth == 0) anchors_.emplace_back(false, false);
       if (Status st = ParseSequence(&out->back(), depth); !st.ok()) return st;
-    }
+    } while (Peek() == '|');
     return Status::Ok();
   }
 
@@ -683,6 +754,11 @@ class RegexParser {
         // Anchors: the whole output is matched, so they are redundant where they can stand.
         const bool edge = c == '^' ? out->empty() : (p_ + 1 == s_.size() || Peek(1) == '|' || Peek(1) == ')');
         if (!edge) return Error(start, std::string("'") + c + "' is supported only at the start / end of the pattern");
+        if (depth == 0) {
+          (c == '^' ? anchors_.back().first : anchors_.back().second) = true;
+        } else {
+          nested_anchor_ = true;
+        }
         ++p_;
         continue;
       } else if (c == '*' || c == '+' || c == '?') {
@@ -910,6 +986,8 @@ class RegexParser {
 
   std::string_view s_;
   size_t p_ = 0;
+  std::vector<std::pair<bool, bool>> anchors_;
+  bool nested_anchor_ = false;
 };
 
 }  // namespace
@@ -934,6 +1012,31 @@ Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view patte
   rules[0].defined = true;
   rules[0].body = std::move(*alts);
   return Compile(b, rules, 0, p.source());
+}
+
+Result<GrammarBuilder::Expr> JsonPatternExpr(GrammarBuilder& b, std::string_view pattern) {
+  RegexParser p(pattern);
+  Result<Alternatives> alts = p.Parse();
+  if (!alts.ok()) return alts.status();
+  if (p.nested_anchor())
+    return InvalidArgument("'^' and '$' are supported only at the start / end of the pattern's alternatives");
+  // Search semantics: an alternative not anchored at an end may have any text on that side.
+  Node any;
+  any.kind = Node::kClass;
+  any.ranges = Normalize({}, true);
+  any.min = 0;
+  any.max = -1;
+  std::vector<Rule> rules(1);
+  rules[0].name = "root";
+  rules[0].defined = true;
+  for (size_t i = 0; i < alts->size(); ++i) {
+    Sequence s;
+    if (!p.anchors()[i].first) s.push_back(any);
+    s.insert(s.end(), (*alts)[i].begin(), (*alts)[i].end());
+    if (!p.anchors()[i].second) s.push_back(any);
+    rules[0].body.push_back(std::move(s));
+  }
+  return Compile(b, rules, 0, p.source(), /*json=*/true);
 }
 
 std::string GbnfQuote(std::string_view s) {

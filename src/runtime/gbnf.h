@@ -40,6 +40,13 @@ Result<GrammarBuilder::Expr> GbnfExpr(GrammarBuilder& b, std::string_view text, 
 // backreferences, lookaround, inline flags, other anchors (\b, \A, ...), and the bounds of GBNF.
 Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view pattern);
 
+// The bodies of the JSON strings (between the quotes, as JSON writers escape them: \" \\ \n \t \r
+// \b \f, other control characters as \u00xx) whose text contains a match of `pattern`: JSON
+// Schema's `pattern` (ECMAScript, unanchored: an alternative without '^' may have any text before
+// its match, one without '$' any text after it). RegexExpr's syntax; '^' / '$' at the edges of a
+// group inside the pattern are refused.
+Result<GrammarBuilder::Expr> JsonPatternExpr(GrammarBuilder& b, std::string_view pattern);
+
 // The GBNF of a choice among literal strings (vLLM's guided_choice): root ::= "a" | "b" ...
 std::string GbnfChoice(const std::vector<std::string>& options);
 

@@ -306,6 +306,63 @@ TEST(Regex, MatchesWhatStdRegexMatches) {
                        "A\n"));
 }
 
+// JSON Schema's `pattern`: JSON string bodies (nlohmann's escapes, the ones JSON writers use)
+// whose decoded text std::regex_search (ECMAScript, unanchored) finds the pattern in, on random
+// strings over alphabets holding '"', '\\' and control characters; and the grammar's own
+// sentences decode to matching text.
+TEST(Regex, JsonPatternMatchesWhatStdRegexSearches) {
+  struct Case {
+    const char* pattern;
+    const char* alphabet;
+  };
+  const Case cases[] = {
+      {R"(^a"b)", "ab\"\\"},     {R"([^a]+$)", "ab\"\\\n"}, {R"(\\d|x\n)", "x\\d1\n"},   {R"(^ab|cd$)", "abcd"},
+      {R"(q[\s"]z)", "qz \"\t"}, {R"(.)", "\n\x01"},        {R"(^(?:a|"){2}$)", "a\"b"},
+  };
+  std::mt19937 rng(9);
+  for (const Case& c : cases) {
+    GrammarBuilder b;
+    Result<GrammarBuilder::Expr> e = JsonPatternExpr(b, c.pattern);
+    ASSERT_TRUE(e.ok()) << c.pattern << ": " << e.status().message();
+    const auto g = b.Build(*e);
+    const std::regex re(c.pattern);
+    const std::string alphabet = c.alphabet;
+    int matched = 0;
+    for (int i = 0; i < 3000; ++i) {
+      std::string s;
+      const size_t len = rng() % 8;
+      for (size_t k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+      const std::string quoted = nlohmann::json(s).dump();
+      const bool want = std::regex_search(s, re);
+      matched += want;
+      ASSERT_EQ(Matches(*g, quoted.substr(1, quoted.size() - 2)), want) << c.pattern << " on " << quoted;
+    }
+    EXPECT_GT(matched, 20) << c.pattern;
+    for (int i = 0; i < 200; ++i) {
+      GrammarState st = g->Start();
+      std::string body;
+      for (int k = 0; k < 30; ++k) {
+        const ByteSet next = st.NextBytes();
+        if (st.accepting() && (next.none() || rng() % 3 == 0)) break;
+        std::vector<int> options;
+        for (int ch = 0; ch < 128; ++ch)
+          if (next.test(static_cast<size_t>(ch))) options.push_back(ch);
+        if (options.empty()) break;
+        const int ch = options[rng() % options.size()];
+        body += static_cast<char>(ch);
+        ASSERT_TRUE(st.Advance(static_cast<uint8_t>(ch)));
+      }
+      if (!st.accepting()) continue;
+      const auto text = nlohmann::json::parse("\"" + body + "\"", nullptr, false);
+      ASSERT_TRUE(text.is_string()) << c.pattern << " generated an invalid JSON string body: " << body;
+      ASSERT_TRUE(std::regex_search(text.get<std::string>(), re)) << c.pattern << " generated " << body;
+    }
+  }
+  GrammarBuilder b;
+  EXPECT_FALSE(JsonPatternExpr(b, "(^a)").ok());
+  EXPECT_FALSE(JsonPatternExpr(b, "a(?=b)").ok());
+}
+
 TEST(Regex, UnsupportedConstructsAreNamed) {
   struct Case {
     const char* pattern;

@@ -173,11 +173,51 @@ TEST(JsonGrammar, UnsupportedKeywordsAreNamed) {
   // Value bounds: refused in strict mode, not enforced otherwise.
   EXPECT_NE(err(R"({"type": "integer", "minimum": 1})", true).find("$.minimum"), std::string::npos);
   EXPECT_EQ(err(R"({"type": "integer", "minimum": 1})", false), "");
-  EXPECT_NE(err(R"({"type": "string", "pattern": "^a"})", true).find("pattern"), std::string::npos);
+  EXPECT_NE(err(R"j({"type": "string", "pattern": "(?=a)"})j", true).find("$.pattern"), std::string::npos);
+  EXPECT_NE(err(R"j({"type": "string", "pattern": "(^a)"})j", false).find("$.pattern"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "string", "pattern": "^a", "maxLength": 3})", true).find("maxLength"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "string", "format": "iri"})", true).find("$.format"), std::string::npos);
+  EXPECT_EQ(err(R"({"type": "string", "format": "iri"})", false), "");
   EXPECT_EQ(err(R"({"type": "object", "properties": {"a": {"type": "string", "description": "d"}},
                     "additionalProperties": false, "title": "t"})",
                 true),
             "");
+}
+
+// `pattern` and the formats: strings (as JSON writes them) whose text matches, and not others.
+TEST(JsonGrammar, PatternsAndFormatsConstrainTheStringsText) {
+  struct Case {
+    const char* schema;
+    std::vector<const char*> ok, bad;  // string values (JSON-encoded here)
+  };
+  const Case cases[] = {
+      {R"({"type": "string", "pattern": "^@[a-z]+$"})", {"@abc", "@z"}, {"abc", "@", "@ab1", "x@ab"}},
+      {R"({"type": "string", "pattern": "ab"})", {"ab", "xxabyy", "a\"ab\n"}, {"a", "ba", "a b"}},
+      {R"({"type": "string", "pattern": "^[^,]*\"$"})", {"say \"hi\"", "\""}, {"a,\"", "no quote"}},
+      {R"({"type": "string", "format": "date"})", {"2024-02-29", "1999-12-31"}, {"2024-13-01", "2024-1-01", "x"}},
+      {R"({"type": "string", "format": "time"})", {"12:30:00Z", "23:59:60.5+01:00"}, {"24:00:00Z", "12:30:00"}},
+      {R"({"type": "string", "format": "date-time"})",
+       {"2024-01-01T00:00:00Z", "2024-01-01T10:20:30.123-05:30"},
+       {"2024-01-01 00:00:00Z", "2024-01-01T00:00Z"}},
+      {R"({"type": "string", "format": "duration"})", {"P3Y6M4DT12H30M5S", "PT0.5S", "P2W", "P1D"}, {"P", "PT", "3Y"}},
+      {R"({"type": "string", "format": "email"})", {"a.b+c@ex-ample.co.uk"}, {"a@b", "@b.com", "a b@c.com"}},
+      {R"({"type": "string", "format": "hostname"})", {"localhost", "a-b.example.org"}, {"-ab.com", "a..b", "a_b"}},
+      {R"({"type": "string", "format": "ipv4"})",
+       {"192.168.0.1", "0.0.0.0", "255.255.255.255"},
+       {"256.1.1.1", "1.2.3", "01.2.3.4"}},
+      {R"({"type": "string", "format": "ipv6"})",
+       {"::1", "::", "2001:db8::8a2e:370:7334", "1:2:3:4:5:6:7:8", "fe80::"},
+       {"1::2::3", "1:2:3:4:5:6:7:8:9", "12345::", ":1"}},
+      {R"({"type": "string", "format": "uuid"})",
+       {"123e4567-e89b-12d3-a456-426614174000"},
+       {"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g"}},
+  };
+  for (const Case& c : cases) {
+    const auto g = SchemaGrammar(Json::parse(c.schema), true);
+    ASSERT_NE(g, nullptr) << c.schema;
+    for (const char* v : c.ok) EXPECT_TRUE(Matches(*g, Json(v).dump())) << c.schema << " " << Json(v).dump();
+    for (const char* v : c.bad) EXPECT_FALSE(Matches(*g, Json(v).dump())) << c.schema << " " << Json(v).dump();
+  }
 }
 
 // ---- Token masks on a real vocabulary ----

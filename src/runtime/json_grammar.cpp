@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "runtime/gbnf.h"
+
 namespace mr {
 
 namespace {
@@ -46,16 +48,50 @@ const std::set<std::string>& Annotations() {
                                           "$ref",
                                           "strict",
                                           "minLength",
-                                          "maxLength"};
+                                          "maxLength",
+                                          "pattern",
+                                          "format"};
   return k;
 }
 
 // Value constraints the grammar does not enforce.
 const std::set<std::string>& Unenforced() {
-  static const std::set<std::string> k = {"minimum",       "maximum",       "exclusiveMinimum", "exclusiveMaximum",
-                                          "multipleOf",    "pattern",       "format",           "uniqueItems",
-                                          "minProperties", "maxProperties", "contentEncoding",  "contentMediaType"};
+  static const std::set<std::string> k = {"minimum",         "maximum",         "exclusiveMinimum", "exclusiveMaximum",
+                                          "multipleOf",      "uniqueItems",     "minProperties",    "maxProperties",
+                                          "contentEncoding", "contentMediaType"};
   return k;
+}
+
+// The patterns of the string formats OpenAI's structured outputs support (RFC 3339 date-time,
+// date, time; ISO 8601 duration; a practical email; RFC 1123 hostname; dotted-quad IPv4; IPv6 in
+// full or compressed form (no embedded IPv4); RFC 4122 UUID); null for any other format.
+const char* FormatPattern(const std::string& format) {
+  static const std::map<std::string, std::string> kPatterns = [] {
+    const std::string date = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+    const std::string time = R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
+    const std::string t = R"(T(\d+H(\d+M)?(\d+(\.\d+)?S)?|\d+M(\d+(\.\d+)?S)?|\d+(\.\d+)?S))";
+    const std::string h4 = "[0-9a-fA-F]{1,4}";
+    const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const std::string octet = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+    std::string ipv6 = "(" + h4 + ":){7}" + h4 + "|(" + h4 + ":){1,7}:";
+    for (int k = 1; k <= 6; ++k)
+      ipv6 += "|(" + h4 + ":){1," + std::to_string(7 - k) + "}(:" + h4 + "){" + std::to_string(k) + "}";
+    ipv6 += "|:(:" + h4 + "){1,7}|::";
+    return std::map<std::string, std::string>{
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "T" + time + "$"},
+        {"duration",
+         "^P(\\d+W|\\d+Y(\\d+M)?(\\d+D)?(" + t + ")?|\\d+M(\\d+D)?(" + t + ")?|\\d+D(" + t + ")?|" + t + ")$"},
+        {"email", R"(^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$)"},
+        {"hostname", "^" + label + "(\\." + label + ")*$"},
+        {"ipv4", "^(" + octet + "\\.){3}" + octet + "$"},
+        {"ipv6", "^(" + ipv6 + ")$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+    };
+  }();
+  auto it = kPatterns.find(format);
+  return it == kPatterns.end() ? nullptr : it->second.c_str();
 }
 
 class Compiler {
@@ -206,8 +242,43 @@ class Compiler {
     return b_.Alt(options);
   }
 
+  // A string schema's `pattern`, or the pattern of its `format`: the string's body as
+  // JsonPatternExpr matches it; nullopt when neither applies.
+  Result<std::optional<Expr>> PatternString(const Json& s, const std::string& path) {
+    std::string pattern, where;
+    if (auto it = s.find("pattern"); it != s.end()) {
+      if (!it->is_string()) return InvalidArgument(path + ".pattern: expected a string");
+      pattern = it->get<std::string>();
+      where = path + ".pattern";
+    } else if (auto f = s.find("format"); f != s.end()) {
+      if (!f->is_string()) return InvalidArgument(path + ".format: expected a string");
+      const char* p = FormatPattern(f->get<std::string>());
+      if (p == nullptr) {
+        if (opts_.strict)
+          return InvalidArgument(path + ".format: the format \"" + f->get<std::string>() +
+                                 "\" is not supported in strict mode (supported: date-time, date, time, duration, "
+                                 "email, hostname, ipv4, ipv6, uuid)");
+        return std::optional<Expr>();
+      }
+      pattern = p;
+      where = path + ".format";
+    } else {
+      return std::optional<Expr>();
+    }
+    if ((s.contains("minLength") || s.contains("maxLength")) && opts_.strict)
+      return InvalidArgument(where +
+                             ": minLength / maxLength together with a pattern or format are not supported "
+                             "in strict mode");
+    Result<Expr> body = JsonPatternExpr(b_, pattern);
+    if (!body.ok()) return InvalidArgument(where + ": " + body.status().message());
+    return std::optional<Expr>(b_.Seq({b_.Literal("\""), *body, b_.Literal("\"")}));
+  }
+
   Result<Expr> Typed(const Json& s, const std::string& t, const std::string& path, int depth) {
     if (t == "string") {
+      Result<std::optional<Expr>> patterned = PatternString(s, path);
+      if (!patterned.ok()) return patterned.status();
+      if (*patterned) return **patterned;
       // Length bounds up to kMaxUnrolledChars are enforced (in characters, an escape counting as
       // one); beyond that they are a value bound the grammar does not enforce.
       int64_t lo = 0, hi = -1;

@@ -152,23 +152,71 @@ def test_structured_output_20_of_20(client, smol):
 
 
 def test_unsupported_schema_keywords_are_named(client):
-    strict_tool = dict(CLOCK, strict=True, input_schema={"type": "object", "properties": {"tz": {"type": "string", "pattern": "^[A-Z]"}}})
+    strict_tool = dict(CLOCK, strict=True, input_schema={"type": "object", "properties": {"tz": {"type": "string", "format": "iri"}}})
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=20, tools=[strict_tool], tool_choice={"type": "any"},
                                messages=[{"role": "user", "content": "time?"}])
-    assert "$.properties.tz.pattern" in str(e.value)
+    assert "$.properties.tz.format" in str(e.value)
+    lookahead = dict(CLOCK, strict=True, input_schema={"type": "object", "properties": {"tz": {"type": "string", "pattern": "a(?=b)"}}})
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=20, tools=[lookahead], tool_choice={"type": "any"},
+                               messages=[{"role": "user", "content": "time?"}])
+    assert "$.properties.tz.pattern" in str(e.value) and "lookaround" in str(e.value)
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=20, tools=[dict(CLOCK, input_schema={"type": "object", "not": {}})],
                                tool_choice={"type": "tool", "name": "get_time"}, messages=[{"role": "user", "content": "time?"}])
     assert "$.not" in str(e.value)
-    # Not strict and not forced: a value bound is not enforced, the call is still constrained.
+    # Not strict: a value bound is not enforced, the call is still constrained.
     # Greedy: sampled at T=1 the unbounded string sometimes ran past max_tokens (stop 26, one run
     # in three on Zen 4), which says nothing about the schema.
-    loose = dict(CLOCK, input_schema={"type": "object", "properties": {"tz": {"type": "string", "pattern": "^[A-Z]"}}, "required": ["tz"]})
+    loose = dict(CLOCK, input_schema={"type": "object", "properties": {"tz": {"type": "string", "minimum": 3}}, "required": ["tz"]})
     msg = client.messages.create(model="m", max_tokens=100, tools=[loose], tool_choice={"type": "any"},
                                  messages=[{"role": "user", "content": "time in Oslo?"}], extra_body={"temperature": 0})
     assert msg.stop_reason == "tool_use", msg
     assert isinstance(next(b for b in msg.content if b.type == "tool_use").input["tz"], str)
+
+
+def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
+    """JSON Schema `pattern` (unanchored unless ^ / $) and `format` constrain the string's text:
+    every sampled tool call and structured output of the smallest model matches."""
+    import re
+    import uuid
+    from datetime import date
+    booking = {"name": "book", "description": "Book a room.", "strict": True,
+               "input_schema": {"type": "object", "additionalProperties": False, "required": ["code", "day", "ref", "note"],
+                                "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"},
+                                               "day": {"type": "string", "format": "date"},
+                                               "ref": {"type": "string", "format": "uuid"},
+                                               "note": {"type": "string", "pattern": "^[a-z ]{0,20}ok$"}}}}
+    oa = openai.OpenAI(base_url=smol.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    ip = {"type": "object", "additionalProperties": False, "required": ["host", "when"],
+          "properties": {"host": {"type": "string", "format": "ipv4"}, "when": {"type": "string", "format": "date-time"}}}
+    calls = outputs = 0
+    for i in range(5):
+        msg = client.messages.create(model="m", max_tokens=200, tools=[booking], tool_choice={"type": "tool", "name": "book"},
+                                     messages=[{"role": "user", "content": "Book room ABC-12 for tomorrow."}],
+                                     extra_body={"temperature": 1.0, "seed": i})
+        if msg.stop_reason == "max_tokens":  # a long sampled string: says nothing about the pattern
+            continue
+        args = next(b for b in msg.content if b.type == "tool_use").input
+        assert re.fullmatch(r"[A-Z]{3}-\d{2}", args["code"]), args
+        date.fromisoformat(args["day"])  # a real calendar date, or ValueError
+        uuid.UUID(args["ref"])
+        assert re.fullmatch(r"[a-z ]{0,20}ok", args["note"]), args
+        calls += 1
+    for i in range(5):
+        r = oa.chat.completions.create(model="m", max_tokens=120, temperature=1.0, seed=i,
+                                       messages=[{"role": "user", "content": "Which server, and when?"}],
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "s", "strict": True, "schema": ip}})
+        if r.choices[0].finish_reason != "stop":
+            continue
+        v = json.loads(r.choices[0].message.content)
+        assert all(0 <= int(x) <= 255 for x in v["host"].split(".")) and v["host"].count(".") == 3, v
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", v["when"]), v
+        outputs += 1
+    print("complete:", calls, outputs)
+    assert calls >= 3 and outputs >= 2, (calls, outputs)
 
 
 def test_auto_calls_are_valid_whenever_the_model_calls(mererun_bin, model_path):

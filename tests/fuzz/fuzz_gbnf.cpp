@@ -1,6 +1,7 @@
 // libFuzzer target: a GBNF grammar from a request's `grammar` field (bytes from any web page)
 // compiled by runtime/gbnf.h and walked; an input whose first byte is '~' is a regular expression
-// (guided_regex) instead, the rest of it the pattern. Checks what must hold for any grammar text: compiling
+// (guided_regex) instead, the rest of it the pattern, and '@' a JSON Schema `pattern` (JSON-string
+// mode, search semantics). Checks what must hold for any grammar text: compiling
 // ends in a grammar or an error (never a crash, a hang or unbounded memory: the nesting, count and
 // element bounds); on the compiled grammar, the bytes NextBytes names are exactly the bytes
 // Advance takes, along a walk chosen by the input; and the token mask of the shared model's
@@ -36,8 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 16 * 1024) return 0;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   mr::GrammarBuilder b;
-  mr::Result<mr::GrammarBuilder::Expr> root =
-      !text.empty() && text[0] == '~' ? mr::RegexExpr(b, text.substr(1)) : mr::GbnfExpr(b, text);
+  mr::Result<mr::GrammarBuilder::Expr> root = !text.empty() && text[0] == '~'   ? mr::RegexExpr(b, text.substr(1))
+                                              : !text.empty() && text[0] == '@' ? mr::JsonPatternExpr(b, text.substr(1))
+                                                                                : mr::GbnfExpr(b, text);
   if (!root.ok()) {
     if (root.status().message().empty()) Fail("an error without a message");
     return 0;
