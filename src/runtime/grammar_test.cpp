@@ -171,8 +171,8 @@ TEST(JsonGrammar, UnsupportedKeywordsAreNamed) {
   EXPECT_NE(err(R"({"allOf": [{}, {}]})", false).find("allOf"), std::string::npos);
   EXPECT_NE(err(R"({"$ref": "https://x/y"})", false).find("$ref"), std::string::npos);
   // Value bounds: refused in strict mode, not enforced otherwise.
-  EXPECT_NE(err(R"({"type": "integer", "minimum": 1})", true).find("$.minimum"), std::string::npos);
-  EXPECT_EQ(err(R"({"type": "integer", "minimum": 1})", false), "");
+  EXPECT_NE(err(R"({"type": "integer", "multipleOf": 2})", true).find("$.multipleOf"), std::string::npos);
+  EXPECT_EQ(err(R"({"type": "integer", "multipleOf": 2})", false), "");
   EXPECT_NE(err(R"j({"type": "string", "pattern": "(?=a)"})j", true).find("$.pattern"), std::string::npos);
   EXPECT_NE(err(R"j({"type": "string", "pattern": "(^a)"})j", false).find("$.pattern"), std::string::npos);
   EXPECT_NE(err(R"({"type": "string", "pattern": "^a", "maxLength": 3})", true).find("maxLength"), std::string::npos);
@@ -218,6 +218,66 @@ TEST(JsonGrammar, PatternsAndFormatsConstrainTheStringsText) {
     for (const char* v : c.ok) EXPECT_TRUE(Matches(*g, Json(v).dump())) << c.schema << " " << Json(v).dump();
     for (const char* v : c.bad) EXPECT_FALSE(Matches(*g, Json(v).dump())) << c.schema << " " << Json(v).dump();
   }
+}
+
+// Integer bounds: exactly the integers in range, written without leading zeros, whatever the
+// mix of inclusive, exclusive, fractional, negative and one-sided bounds.
+TEST(JsonGrammar, IntegerBoundsAdmitExactlyTheIntegersInRange) {
+  struct Case {
+    const char* bounds;
+    int64_t lo, hi;  // the integers admitted
+  };
+  constexpr int64_t kMax = 999999999999999999;
+  const Case cases[] = {
+      {R"("minimum": 1, "maximum": 100)", 1, 100},
+      {R"("minimum": -37, "maximum": 1205)", -37, 1205},
+      {R"("minimum": -950, "maximum": -8)", -950, -8},
+      {R"("exclusiveMinimum": 0, "exclusiveMaximum": 10)", 1, 9},
+      {R"("minimum": 2.5, "maximum": 99.9)", 3, 99},
+      {R"("exclusiveMinimum": -1.5, "maximum": 0)", -1, 0},
+      {R"("minimum": 17)", 17, kMax},
+      {R"("maximum": -3)", -kMax, -3},
+      {R"("minimum": 0)", 0, kMax},
+      {R"("minimum": 400, "maximum": 400)", 400, 400},
+      {R"("minimum": 1999, "maximum": 30001)", 1999, 30001},
+  };
+  std::mt19937 rng(3);
+  for (const Case& c : cases) {
+    const std::string schema = std::string(R"({"type": "integer", )") + c.bounds + "}";
+    const auto g = SchemaGrammar(Json::parse(schema), true);
+    ASSERT_NE(g, nullptr) << schema;
+    std::vector<int64_t> values;
+    for (int64_t v = -1300; v <= 1300; ++v) values.push_back(v);
+    for (int64_t v : {c.lo, c.hi}) {
+      for (int64_t d = -3; d <= 3; ++d)
+        if (std::abs(v) < kMax - 3) values.push_back(v + d);
+    }
+    for (int i = 0; i < 2000; ++i) {
+      const int64_t mag = static_cast<int64_t>(rng() % 1000000000ULL) * static_cast<int64_t>(rng() % 1000000000ULL);
+      values.push_back(rng() % 2 ? mag : -mag);
+    }
+    values.push_back(kMax);
+    values.push_back(-kMax);
+    for (int64_t v : values) {
+      ASSERT_EQ(Matches(*g, std::to_string(v)), v >= c.lo && v <= c.hi) << schema << " on " << v;
+    }
+    EXPECT_FALSE(Matches(*g, "-0")) << schema;
+    if (c.lo <= 7 && 7 <= c.hi) {
+      EXPECT_FALSE(Matches(*g, "007")) << schema;
+    }
+  }
+  GrammarBuilder b;
+  EXPECT_NE(JsonSchemaExpr(b, Json::parse(R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})"), {true})
+                .status()
+                .message()
+                .find("no integer"),
+            std::string::npos);
+  EXPECT_NE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 0})"), {true})
+                .status()
+                .message()
+                .find("$.minimum"),
+            std::string::npos);
+  EXPECT_TRUE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 0})"), {false}).ok());
 }
 
 // ---- Token masks on a real vocabulary ----

@@ -1,6 +1,8 @@
 #include "runtime/json_grammar.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -50,15 +52,18 @@ const std::set<std::string>& Annotations() {
                                           "minLength",
                                           "maxLength",
                                           "pattern",
-                                          "format"};
+                                          "format",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum"};
   return k;
 }
 
 // Value constraints the grammar does not enforce.
 const std::set<std::string>& Unenforced() {
-  static const std::set<std::string> k = {"minimum",         "maximum",         "exclusiveMinimum", "exclusiveMaximum",
-                                          "multipleOf",      "uniqueItems",     "minProperties",    "maxProperties",
-                                          "contentEncoding", "contentMediaType"};
+  static const std::set<std::string> k = {"multipleOf",    "uniqueItems",     "minProperties",
+                                          "maxProperties", "contentEncoding", "contentMediaType"};
   return k;
 }
 
@@ -170,6 +175,72 @@ class Compiler {
     return b_.Ref(*integer_);
   }
   Expr Digit() { return b_.Range('0', '9'); }
+
+  // An integer schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum as a grammar of
+  // the integers in range (the plain integer grammar without bounds). Bounds beyond the 18 digits
+  // the integer grammar writes are clamped to them.
+  Result<Expr> BoundedInteger(const Json& s, const std::string& path) {
+    constexpr int64_t kMax = 999999999999999999;  // 18 digits
+    int64_t lo = -kMax, hi = kMax;
+    bool bounded = false;
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      const auto it = s.find(k);
+      if (it == s.end()) continue;
+      if (!it->is_number())
+        return InvalidArgument(path + "." + k + ": expected a number" +
+                               (it->is_boolean() ? " (draft-4 boolean exclusive bounds are not supported)" : ""));
+      bounded = true;
+      const double v = it->get<double>();
+      const std::string key = k;
+      if (key == "minimum" || key == "exclusiveMinimum") {
+        double b = key == "minimum" ? std::ceil(v) : std::floor(v) + 1;
+        b = std::clamp(b, static_cast<double>(-kMax), static_cast<double>(kMax) + 1);
+        lo = std::max(lo, static_cast<int64_t>(b));
+      } else {
+        double b = key == "maximum" ? std::floor(v) : std::ceil(v) - 1;
+        b = std::clamp(b, static_cast<double>(-kMax) - 1, static_cast<double>(kMax));
+        hi = std::min(hi, static_cast<int64_t>(b));
+      }
+    }
+    if (!bounded) return Integer();
+    if (lo > hi) return InvalidArgument(path + ": no integer lies within its minimum / maximum bounds");
+    std::vector<Expr> options;
+    if (lo < 0) {  // the negatives' magnitudes
+      const int64_t top = std::min<int64_t>(hi, -1);
+      options.push_back(b_.Seq({b_.Literal("-"), NonNegativeRange(-top, -lo)}));
+    }
+    if (hi >= 0) options.push_back(NonNegativeRange(std::max<int64_t>(lo, 0), hi));
+    return b_.Alt(options);
+  }
+
+  // The decimal strings (no leading zeros) of the integers in [lo, hi], 0 <= lo <= hi.
+  Expr NonNegativeRange(int64_t lo, int64_t hi) {
+    const std::string a = std::to_string(lo), z = std::to_string(hi);
+    if (a.size() == z.size()) return SameLength(a, z);
+    std::vector<Expr> options = {SameLength(a, std::string(a.size(), '9'))};
+    for (size_t len = a.size() + 1; len < z.size(); ++len)
+      options.push_back(
+          b_.Seq({b_.Range('1', '9'), b_.Repeat(Digit(), static_cast<int>(len - 1), static_cast<int>(len - 1))}));
+    options.push_back(SameLength("1" + std::string(z.size() - 1, '0'), z));
+    return b_.Alt(options);
+  }
+
+  // The digit strings d with lo <= d <= hi, all three of one length.
+  Expr SameLength(const std::string& lo, const std::string& hi) {
+    if (lo.empty()) return b_.Literal("");
+    const int rest = static_cast<int>(lo.size()) - 1;
+    const std::string lo_rest = lo.substr(1), hi_rest = hi.substr(1);
+    if (lo[0] == hi[0]) return b_.Seq({b_.Literal(lo.substr(0, 1)), SameLength(lo_rest, hi_rest)});
+    if (lo_rest == std::string(rest, '0') && hi_rest == std::string(rest, '9'))
+      return b_.Seq(
+          {b_.Range(static_cast<uint8_t>(lo[0]), static_cast<uint8_t>(hi[0])), b_.Repeat(Digit(), rest, rest)});
+    std::vector<Expr> options = {b_.Seq({b_.Literal(lo.substr(0, 1)), SameLength(lo_rest, std::string(rest, '9'))})};
+    if (lo[0] + 1 <= hi[0] - 1)
+      options.push_back(b_.Seq({b_.Range(static_cast<uint8_t>(lo[0] + 1), static_cast<uint8_t>(hi[0] - 1)),
+                                b_.Repeat(Digit(), rest, rest)}));
+    options.push_back(b_.Seq({b_.Literal(hi.substr(0, 1)), SameLength(std::string(rest, '0'), hi_rest)}));
+    return b_.Alt(options);
+  }
   Expr Number() {
     if (!number_) {
       number_ = b_.DeclareRule();
@@ -299,8 +370,16 @@ class Compiler {
                                : b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(hi));
       return b_.Seq({b_.Literal("\""), body, b_.Literal("\"")});
     }
-    if (t == "number") return Number();
-    if (t == "integer") return Integer();
+    if (t == "number") {
+      // Bounds on numbers other than integers are not enforced (refused in strict mode).
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+        if (s.contains(k) && opts_.strict)
+          return InvalidArgument(path + "." + k + ": the keyword \"" + k +
+                                 "\" is supported on integers only in strict mode (constrained decoding does not "
+                                 "enforce it on numbers)");
+      return Number();
+    }
+    if (t == "integer") return BoundedInteger(s, path);
     if (t == "boolean") return b_.Alt({b_.Literal("true"), b_.Literal("false")});
     if (t == "null") return b_.Literal("null");
     if (t == "object") return Object(s, path, depth);

@@ -177,17 +177,19 @@ def test_unsupported_schema_keywords_are_named(client):
 
 
 def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
-    """JSON Schema `pattern` (unanchored unless ^ / $) and `format` constrain the string's text:
-    every sampled tool call and structured output of the smallest model matches."""
+    """JSON Schema `pattern` (unanchored unless ^ / $) and `format` constrain the string's text,
+    integer bounds the integers: every sampled tool call and structured output of the smallest
+    model matches."""
     import re
     import uuid
     from datetime import date
     booking = {"name": "book", "description": "Book a room.", "strict": True,
-               "input_schema": {"type": "object", "additionalProperties": False, "required": ["code", "day", "ref", "note"],
+               "input_schema": {"type": "object", "additionalProperties": False, "required": ["code", "day", "ref", "note", "nights"],
                                 "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"},
                                                "day": {"type": "string", "format": "date"},
                                                "ref": {"type": "string", "format": "uuid"},
-                                               "note": {"type": "string", "pattern": "^[a-z ]{0,20}ok$"}}}}
+                                               "note": {"type": "string", "pattern": "^[a-z ]{0,20}ok$"},
+                                               "nights": {"type": "integer", "minimum": 2, "exclusiveMaximum": 15}}}}
     oa = openai.OpenAI(base_url=smol.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
     ip = {"type": "object", "additionalProperties": False, "required": ["host", "when"],
           "properties": {"host": {"type": "string", "format": "ipv4"}, "when": {"type": "string", "format": "date-time"}}}
@@ -203,6 +205,7 @@ def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
         date.fromisoformat(args["day"])  # a real calendar date, or ValueError
         uuid.UUID(args["ref"])
         assert re.fullmatch(r"[a-z ]{0,20}ok", args["note"]), args
+        assert isinstance(args["nights"], int) and 2 <= args["nights"] <= 14, args
         calls += 1
     for i in range(5):
         r = oa.chat.completions.create(model="m", max_tokens=120, temperature=1.0, seed=i,
