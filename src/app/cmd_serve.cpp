@@ -195,11 +195,7 @@ int CmdServe(const Args& args) {
   if (temp_opt->count() > 0) sm.default_sampling.temperature = temp;
   sm.n_ctx = n_ctx;
   sm.max_output_tokens = max_output;
-  sm.pooling = pooling_arg == "mean"                       ? Pooling::kMean
-               : pooling_arg == "cls"                      ? Pooling::kCls
-               : pooling_arg == "last"                     ? Pooling::kLast
-               : model->config().pooling != Pooling::kNone ? model->config().pooling
-                                                           : Pooling::kMean;
+  sm.pooling = ChoosePooling(pooling_arg, *model);
   sm.created_unix = static_cast<int64_t>(std::time(nullptr));
   sm.signing_key = *signing_key;
   {

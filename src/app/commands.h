@@ -14,6 +14,7 @@ int CmdList(const Args& args);          // cmd_pull.cpp
 int CmdRun(const Args& args);           // cmd_run.cpp
 int CmdInfo(const Args& args);          // cmd_info.cpp
 int CmdTokenize(const Args& args);      // cmd_tokenize.cpp
+int CmdEmbed(const Args& args);         // cmd_embed.cpp: embeddings of texts (as /v1/embeddings)
 int CmdGrammar(const Args& args);       // cmd_grammar.cpp: check a GBNF grammar, its token masks
 int CmdLogits(const Args& args);        // cmd_logits.cpp: dump logits for parity checks
 int CmdConvert(const Args& args);       // cmd_convert.cpp: rewrite a GGUF as f32/f16/q8_0

@@ -24,6 +24,8 @@ constexpr Command kCommands[] = {
     {"info", mr::app::CmdInfo, "info -m MODEL                summarise a model file"},
     {"tokenize", mr::app::CmdTokenize,
      "tokenize -m MODEL            text on stdin -> token ids (JSON); --decode reverses"},
+    {"embed", mr::app::CmdEmbed,
+     "embed -m MODEL [TEXT...]     embeddings as JSON (texts, else stdin lines); --similarity"},
     {"grammar", mr::app::CmdGrammar, "grammar FILE.gbnf [--text TEXT]   check a GBNF grammar (the `grammar` field)"},
     {"logits", mr::app::CmdLogits, "logits -m MODEL --tokens FILE --out FILE   dump logits (parity checks)"},
     {"convert", mr::app::CmdConvert, "convert -m MODEL --type f32|f16|q8_0 -o OUT.gguf   rewrite matrices in one type"},

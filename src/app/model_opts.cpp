@@ -66,4 +66,11 @@ std::unique_ptr<gguf::GgufFile> OpenGgufOrReport(const char* cmd, const std::str
   return std::move(file).value();
 }
 
+Pooling ChoosePooling(const std::string& flag, const Model& m) {
+  if (flag == "mean") return Pooling::kMean;
+  if (flag == "cls") return Pooling::kCls;
+  if (flag == "last") return Pooling::kLast;
+  return m.config().pooling != Pooling::kNone ? m.config().pooling : Pooling::kMean;
+}
+
 }  // namespace mr::app

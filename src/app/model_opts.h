@@ -22,6 +22,9 @@ struct ModelArgs {
 void AddModelOptions(CLI::App& app, ModelArgs* a);
 // Resolve and load; prints "mererun CMD: error" and returns nullptr on failure.
 std::unique_ptr<Model> LoadModelOrReport(const char* cmd, const ModelArgs& a);
+// The pooling of embeddings: `flag` ("mean", "cls", "last"; a CLI11 IsMember check keeps out
+// anything else) when given, else the model file's pooling type, else mean.
+Pooling ChoosePooling(const std::string& flag, const Model& m);
 // Resolve and open the GGUF of `model` (catalog name or path) without loading weights. On
 // failure prints "mererun CMD: error" and returns nullptr; sets *path to the resolved file.
 std::unique_ptr<gguf::GgufFile> OpenGgufOrReport(const char* cmd, const std::string& model, std::string* path);

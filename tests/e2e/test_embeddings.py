@@ -230,3 +230,23 @@ def test_a_client_that_leaves_cancels_its_inputs(smol):
     # 24 inputs of ~780 tokens take ~20 s here; the slots are free well before that.
     assert time.time() - t0 < 5
     assert post(smol.base_url, "/v1/embeddings", {"input": "still here"})["data"]
+
+
+def test_cli_embed_gives_the_servers_vectors(smol, run_mererun):
+    texts = [TEXTS[1], TEXTS[3], LONG]
+    r = run_mererun("embed", "-m", SMOL, "-t", "2", "--similarity", *texts)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pooling"] == "mean" and out["dimensions"] == 576
+    served = post(smol.base_url, "/v1/embeddings", {"input": texts, "encoding_format": "float"})["data"]
+    for e, s in zip(out["embeddings"], served):
+        assert e["embedding"] == pytest.approx(s["embedding"], rel=1e-6, abs=1e-9)
+    sim = out["similarity"]
+    assert sim[0][1] == pytest.approx(cos(served[0]["embedding"], served[1]["embedding"]), abs=1e-6)
+    assert all(abs(sim[i][i] - 1) < 1e-5 for i in range(3))
+    # stdin lines, another normalization; no texts at all is a usage error
+    r = run_mererun("embed", "-m", SMOL, "-t", "2", "--normalize", "-1", input="hello world\n")
+    assert r.returncode == 0, r.stderr
+    raw = json.loads(r.stdout)["embeddings"][0]["embedding"]
+    assert norm(raw) > 2
+    assert run_mererun("embed", "-m", SMOL, input="").returncode == 2
