@@ -272,12 +272,84 @@ TEST(JsonGrammar, IntegerBoundsAdmitExactlyTheIntegersInRange) {
                 .message()
                 .find("no integer"),
             std::string::npos);
-  EXPECT_NE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 0})"), {true})
+}
+
+// Number bounds: exactly the decimals (no exponent) in range, against strtod on random decimals
+// around each bound; no "-0".
+TEST(JsonGrammar, NumberBoundsAdmitExactlyTheDecimalsInRange) {
+  const char* cases[] = {
+      R"("minimum": 0, "maximum": 1)",
+      R"("minimum": 0.5, "maximum": 2.25)",
+      R"("exclusiveMinimum": 0, "exclusiveMaximum": 1)",
+      R"("minimum": -1.5, "maximum": 0.75)",
+      R"("minimum": -10.125, "exclusiveMaximum": -0.5)",
+      R"("exclusiveMinimum": 2.5, "maximum": 2.75)",
+      R"("minimum": 3.14)",
+      R"("exclusiveMaximum": -2)",
+      R"("minimum": 0.001, "maximum": 0.0015)",
+      R"("minimum": 12, "maximum": 345.6)",
+      R"("exclusiveMinimum": -0.0, "maximum": 0.5)",
+      R"("minimum": 1, "exclusiveMinimum": 1, "maximum": 2, "exclusiveMaximum": 3)",
+  };
+  std::mt19937 rng(11);
+  const char* digits = "0123456789";
+  for (const char* bounds : cases) {
+    const Json schema = Json::parse(std::string(R"({"type": "number", )") + bounds + "}");
+    const auto g = SchemaGrammar(schema, true);
+    ASSERT_NE(g, nullptr) << schema.dump();
+    auto in_range = [&](double v) {
+      if (schema.contains("minimum") && v < schema["minimum"].get<double>()) return false;
+      if (schema.contains("exclusiveMinimum") && v <= schema["exclusiveMinimum"].get<double>()) return false;
+      if (schema.contains("maximum") && v > schema["maximum"].get<double>()) return false;
+      if (schema.contains("exclusiveMaximum") && v >= schema["exclusiveMaximum"].get<double>()) return false;
+      return true;
+    };
+    for (int i = 0; i < 6000; ++i) {
+      std::string t = rng() % 2 ? "-" : "";
+      const size_t int_digits = 1 + rng() % 3;
+      if (rng() % 2) {
+        t += "0";
+      } else {
+        t += digits[1 + rng() % 9];
+        for (size_t k = 1; k < int_digits; ++k) t += digits[rng() % 10];
+      }
+      if (rng() % 4 != 0) {
+        t += ".";
+        const size_t frac = 1 + rng() % 5;
+        for (size_t k = 0; k < frac; ++k) t += digits[rng() % 10];
+      }
+      const double v = std::strtod(t.c_str(), nullptr);
+      if (t[0] == '-' && v == 0) {  // "-0", "-0.00": never written
+        EXPECT_FALSE(Matches(*g, t)) << schema.dump() << " on " << t;
+        continue;
+      }
+      ASSERT_EQ(Matches(*g, t), in_range(v)) << schema.dump() << " on " << t;
+    }
+    // The bounds themselves, also spelled with trailing zeros.
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!schema.contains(k)) continue;
+      const std::string t = schema[k].dump();
+      const std::string padded = t.find('.') == std::string::npos ? t + ".000" : t + "00";
+      for (const std::string& x : {t, padded}) {
+        const double v = std::strtod(x.c_str(), nullptr);
+        if (x[0] == '-' && v == 0) continue;
+        EXPECT_EQ(Matches(*g, x), in_range(v)) << schema.dump() << " on " << x;
+      }
+    }
+    EXPECT_FALSE(Matches(*g, "1e0")) << schema.dump();
+  }
+  GrammarBuilder b;
+  EXPECT_NE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 2, "exclusiveMaximum": 2})"), {true})
+                .status()
+                .message()
+                .find("no number"),
+            std::string::npos);
+  EXPECT_NE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 1e-9})"), {true})
                 .status()
                 .message()
                 .find("$.minimum"),
             std::string::npos);
-  EXPECT_TRUE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 0})"), {false}).ok());
+  EXPECT_TRUE(JsonSchemaExpr(b, Json::parse(R"({"type": "number", "minimum": 1e-9})"), {false}).ok());
 }
 
 // ---- Token masks on a real vocabulary ----

@@ -213,6 +213,158 @@ class Compiler {
     return b_.Alt(options);
   }
 
+  // ---- Bounded numbers: decimals without an exponent, digit by digit against the bounds.
+
+  // A bound as written in decimal: sign, integer digits, fraction digits without trailing zeros.
+  struct Decimal {
+    bool negative = false;
+    std::string ip = "0", fp;
+    bool strict = false;  // exclusive
+    double value = 0;
+  };
+  // A bound on the fraction digits still to come (their value as 0.ddd): none, or >= / > 0.s
+  // (lower), <= / < 0.s (upper).
+  struct FracBound {
+    bool on = false;
+    std::string s;
+    bool strict = false;
+  };
+
+  // The bound `v` (a JSON number) in decimal, from its shortest text; nullopt when that text has an
+  // exponent (|v| below 1e-5 or of 16 integer digits or more).
+  static std::optional<Decimal> ToDecimal(const Json& v, bool strict) {
+    Decimal d;
+    d.strict = strict;
+    d.value = v.get<double>();
+    std::string t = v.dump();
+    if (t.find_first_of("eE") != std::string::npos) return std::nullopt;
+    if (!t.empty() && t[0] == '-') {
+      d.negative = true;
+      t.erase(0, 1);
+    }
+    const size_t dot = t.find('.');
+    d.ip = t.substr(0, dot);
+    if (dot != std::string::npos) d.fp = t.substr(dot + 1);
+    while (!d.fp.empty() && d.fp.back() == '0') d.fp.pop_back();
+    if (d.ip.empty() || d.ip.size() > 18) return std::nullopt;
+    if (d.ip == "0" && d.fp.empty()) d.negative = false;
+    return d;
+  }
+
+  // A number schema's bounds as a grammar of the decimals in range (no exponent); the plain
+  // number grammar without bounds.
+  Result<Expr> BoundedNumber(const Json& s, const std::string& path) {
+    std::optional<Decimal> lo, hi;
+    bool bounded = false;
+    for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      const auto it = s.find(k);
+      if (it == s.end()) continue;
+      if (!it->is_number()) return InvalidArgument(path + "." + k + ": expected a number");
+      bounded = true;
+      const std::string key = k;
+      const bool lower = key == "minimum" || key == "exclusiveMinimum";
+      std::optional<Decimal> d = ToDecimal(*it, key.rfind("exclusive", 0) == 0);
+      if (!d) {
+        if (opts_.strict)
+          return InvalidArgument(path + "." + k +
+                                 ": bounds that need an exponent (below 1e-5 or of 16 digits and more) "
+                                 "are not supported in strict mode");
+        continue;  // not enforced
+      }
+      std::optional<Decimal>& b = lower ? lo : hi;
+      const bool tighter =
+          !b || (lower ? d->value > b->value : d->value < b->value) || (d->value == b->value && d->strict);
+      if (tighter) b = d;
+    }
+    if (!bounded) return Number();
+    if (lo && hi && (lo->value > hi->value || (lo->value == hi->value && (lo->strict || hi->strict))))
+      return InvalidArgument(path + ": no number lies within its minimum / maximum bounds");
+    std::vector<Expr> options;
+    // v >= 0: magnitudes from max(lo, 0) to hi.
+    if (!hi || hi->value > 0 || (hi->value == 0 && !hi->strict)) {
+      Decimal from = lo && lo->value >= 0 ? *lo : Decimal{};
+      if (std::optional<Expr> m = Magnitude(from, hi && !hi->negative ? hi : std::nullopt)) options.push_back(*m);
+    }
+    // v < 0: "-" and magnitudes from |hi| (or above 0) to |lo|.
+    if (!lo || lo->value < 0) {
+      Decimal from;
+      from.strict = true;  // above 0: no "-0"
+      if (hi && hi->value < 0) from = *hi;
+      if (std::optional<Expr> m = Magnitude(from, lo)) options.push_back(b_.Seq({b_.Literal("-"), *m}));
+    }
+    if (options.empty()) return InvalidArgument(path + ": no number lies within its minimum / maximum bounds");
+    return b_.Alt(options);
+  }
+
+  // The unsigned decimals x (integer part up to 18 digits, no exponent) with x >= lo (x > lo when
+  // lo.strict) and x <= hi (or <), no upper bound without hi; nullopt when there are none.
+  std::optional<Expr> Magnitude(const Decimal& lo, const std::optional<Decimal>& hi) {
+    const int64_t a = std::stoll(lo.ip);
+    const int64_t z = hi ? std::stoll(hi->ip) : 999999999999999999;
+    if (a > z) return std::nullopt;
+    const FracBound flo{true, lo.fp, lo.strict};
+    const FracBound fhi = hi ? FracBound{true, hi->fp, hi->strict} : FracBound{};
+    std::vector<Expr> options;
+    auto with = [&](int64_t ip, const FracBound& l, const FracBound& u) {
+      if (std::optional<Expr> f = Fraction(l, u)) options.push_back(b_.Seq({b_.Literal(std::to_string(ip)), *f}));
+    };
+    if (a == z) {
+      with(a, flo, fhi);
+    } else {
+      with(a, flo, {});
+      if (z - a >= 2) options.push_back(b_.Seq({NonNegativeRange(a + 1, z - 1), *Fraction({}, {})}));
+      with(z, {}, fhi);
+    }
+    if (options.empty()) return std::nullopt;
+    return b_.Alt(options);
+  }
+
+  // What follows an integer part whose fraction must lie within lo and hi: nothing (a fraction
+  // of 0) or "." and 1-18 digits.
+  std::optional<Expr> Fraction(const FracBound& lo, const FracBound& hi) {
+    std::vector<Expr> options;
+    const bool zero_ok = (!lo.on || (lo.s.empty() && !lo.strict)) && (!hi.on || !(hi.s.empty() && hi.strict));
+    if (zero_ok) options.push_back(b_.Literal(""));
+    if (std::optional<Expr> d = FracDigits(lo, hi, false)) options.push_back(b_.Seq({b_.Literal("."), *d}));
+    if (options.empty()) return std::nullopt;
+    return b_.Alt(options);
+  }
+
+  // Digit strings t (empty only when allow_empty) whose value 0.t lies within lo and hi.
+  std::optional<Expr> FracDigits(FracBound lo, FracBound hi, bool allow_empty) {
+    if (lo.on && lo.s.empty() && !lo.strict) lo = {};  // >= 0: always
+    const int min_len = allow_empty ? 0 : 1;
+    if (!lo.on && !hi.on) return b_.Repeat(Digit(), min_len, 18);
+    if (hi.on && hi.s.empty()) {  // <= 0 (all zeros) or < 0 (none); a lower bound still on wants more than 0
+      if (hi.strict || lo.on) return std::nullopt;
+      return b_.Repeat(b_.Literal("0"), min_len, 18);
+    }
+    if (lo.on && lo.s.empty() && !hi.on)  // > 0: a nonzero digit somewhere
+      return b_.Seq({b_.Repeat(b_.Literal("0"), 0, 17), b_.Range('1', '9'), b_.Repeat(Digit(), 0, 17)});
+    std::vector<Expr> options;
+    if (allow_empty && !lo.on) options.push_back(b_.Literal(""));  // 0 is below any upper 0.s (s nonzero)
+    const int lo_d = lo.on && !lo.s.empty() ? lo.s[0] - '0' : 0;
+    const int hi_d = hi.on ? hi.s[0] - '0' : 9;
+    auto next = [&](int c) {
+      FracBound l, u;
+      if (lo.on && c == lo_d) l = lo.s.empty() ? lo : FracBound{true, lo.s.substr(1), lo.strict};
+      if (hi.on && c == hi_d) u = FracBound{true, hi.s.substr(1), hi.strict};
+      return std::pair{l, u};
+    };
+    for (int c : {lo_d, hi_d}) {
+      if (c < lo_d || c > hi_d) continue;
+      const auto [l, u] = next(c);
+      if (std::optional<Expr> rest = FracDigits(l, u, true))
+        options.push_back(b_.Seq({b_.Literal(std::string(1, static_cast<char>('0' + c))), *rest}));
+      if (hi_d == lo_d) break;
+    }
+    if (hi_d - lo_d >= 2)
+      options.push_back(b_.Seq({b_.Range(static_cast<uint8_t>('0' + lo_d + 1), static_cast<uint8_t>('0' + hi_d - 1)),
+                                b_.Repeat(Digit(), 0, 17)}));
+    if (options.empty()) return std::nullopt;
+    return b_.Alt(options);
+  }
+
   // The decimal strings (no leading zeros) of the integers in [lo, hi], 0 <= lo <= hi.
   Expr NonNegativeRange(int64_t lo, int64_t hi) {
     const std::string a = std::to_string(lo), z = std::to_string(hi);
@@ -370,15 +522,7 @@ class Compiler {
                                : b_.Repeat(ch, static_cast<int>(lo), static_cast<int>(hi));
       return b_.Seq({b_.Literal("\""), body, b_.Literal("\"")});
     }
-    if (t == "number") {
-      // Bounds on numbers other than integers are not enforced (refused in strict mode).
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-        if (s.contains(k) && opts_.strict)
-          return InvalidArgument(path + "." + k + ": the keyword \"" + k +
-                                 "\" is supported on integers only in strict mode (constrained decoding does not "
-                                 "enforce it on numbers)");
-      return Number();
-    }
+    if (t == "number") return BoundedNumber(s, path);
     if (t == "integer") return BoundedInteger(s, path);
     if (t == "boolean") return b_.Alt({b_.Literal("true"), b_.Literal("false")});
     if (t == "null") return b_.Literal("null");

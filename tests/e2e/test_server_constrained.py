@@ -178,7 +178,7 @@ def test_unsupported_schema_keywords_are_named(client):
 
 def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
     """JSON Schema `pattern` (unanchored unless ^ / $) and `format` constrain the string's text,
-    integer bounds the integers: every sampled tool call and structured output of the smallest
+    number and integer bounds the numbers: every sampled tool call and structured output of the smallest
     model matches."""
     import re
     import uuid
@@ -191,8 +191,9 @@ def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
                                                "note": {"type": "string", "pattern": "^[a-z ]{0,20}ok$"},
                                                "nights": {"type": "integer", "minimum": 2, "exclusiveMaximum": 15}}}}
     oa = openai.OpenAI(base_url=smol.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    ip = {"type": "object", "additionalProperties": False, "required": ["host", "when"],
-          "properties": {"host": {"type": "string", "format": "ipv4"}, "when": {"type": "string", "format": "date-time"}}}
+    ip = {"type": "object", "additionalProperties": False, "required": ["host", "when", "load"],
+          "properties": {"host": {"type": "string", "format": "ipv4"}, "when": {"type": "string", "format": "date-time"},
+                         "load": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 1}}}
     calls = outputs = 0
     for i in range(5):
         msg = client.messages.create(model="m", max_tokens=200, tools=[booking], tool_choice={"type": "tool", "name": "book"},
@@ -217,6 +218,7 @@ def test_patterns_and_formats_hold_in_sampled_outputs(client, smol):
         v = json.loads(r.choices[0].message.content)
         assert all(0 <= int(x) <= 255 for x in v["host"].split(".")) and v["host"].count(".") == 3, v
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", v["when"]), v
+        assert isinstance(v["load"], (int, float)) and -0.5 <= v["load"] < 1, v
         outputs += 1
     print("complete:", calls, outputs)
     assert calls >= 3 and outputs >= 2, (calls, outputs)
