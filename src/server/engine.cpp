@@ -94,6 +94,10 @@ struct Engine::Impl {
     Clock::time_point submitted, last_token;
     uint64_t peak_rss = 0, peak_kv = 0;  // of the current job (JobResult)
     bool got_token = false;
+    // The job holds the slot but its sequence has not started: another slot is prefilling a
+    // long prefix of the same prompt, whose KV the prefix cache will hold when that prefill
+    // ends (SharedPrefillLeader); the sequence starts then, reading it from the cache.
+    bool deferred = false;
   };
   struct Entry {  // one sequence's rows in the current step
     Slot* slot;
@@ -148,6 +152,15 @@ struct Engine::Impl {
   Slot* SlotOf(sched::SeqId id);
   void StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clock::time_point submitted);
   void Step(const sched::Plan& plan);
+  // The sequence start of StartJob (Sequence::Start, the prompt's cache counts, on_start).
+  void BeginSequence(Slot& s);
+  // Prompt tokens a prefill must share with another to wait for it: two cache blocks.
+  static constexpr int64_t kSharedPrefillTokens = 256;
+  // An active, prefilling slot (not `self`) that will compute at least kSharedPrefillTokens of
+  // `prompt`'s prefix beyond what it read from the cache itself; null when none.
+  Slot* SharedPrefillLeader(const Slot* self, const std::vector<TokenId>& prompt);
+  // Starts the deferred sequences whose leader's prefill has ended (or whose leader is gone).
+  void ResumeDeferred();
   // Step's second half for one entry: sample or verify its rows' logits `lg`, emit, continue or
   // finish its job. Adds to the step's generated and prefilled counts.
   void ConsumeRows(const Entry& e, const float* lg, int64_t* generated, int64_t* prefilled, int64_t generated_before);
@@ -417,6 +430,16 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   s->id = id;
   s->submitted = submitted;
   s->got_token = false;
+  s->deferred = cache != nullptr && SharedPrefillLeader(s, s->job->prompt) != nullptr;
+  if (s->deferred) {
+    MR_LOGD("engine", "seq %llu waits for another prefill of the same prefix", (unsigned long long)id);
+    return;
+  }
+  BeginSequence(*s);
+}
+
+void Engine::Impl::BeginSequence(Slot& slot) {
+  Slot* s = &slot;
   GenerateParams params = s->job->params;
   // A seeded sampled request decodes without drafts, so its seed gives the same text under any
   // load: the draft length of each step follows measured timings, and a verify step draws other
@@ -432,11 +455,40 @@ void Engine::Impl::StartJob(sched::SeqId id, std::shared_ptr<EngineJob> job, Clo
   if (cache) cache->KeepLong(s->job->prompt, LongUntil(*s->job));  // a hit under a 1h breakpoint
   {
     std::lock_guard<std::mutex> lock(mu);
-    sched.Prefilled(id, s->seq.stats().reused_tokens);
-    sched.SetSpecRows(id, s->seq.wanted_draft_rows());
+    sched.Prefilled(s->id, s->seq.stats().reused_tokens);
+    sched.SetSpecRows(s->id, s->seq.wanted_draft_rows());
   }
   if (s->job->on_start)
     s->job->on_start(CacheUsage(*s->job, s->seq.stats().prompt_tokens, s->seq.stats().reused_tokens));
+}
+
+Engine::Impl::Slot* Engine::Impl::SharedPrefillLeader(const Slot* self, const std::vector<TokenId>& prompt) {
+  // Requests that do not go through the cache (prompt log-probabilities, embeddings) neither
+  // lead nor follow.
+  if (self->job->params.prompt_logprobs >= 0 || self->job->params.embed != Pooling::kNone) return nullptr;
+  for (auto& o : slots) {
+    // The leader is prefilling its prompt (not tokens injected after it has generated).
+    if (o.get() == self || !o->job || o->deferred || !o->seq.prefilling() || o->seq.stats().generated > 0) continue;
+    if (o->job->params.prompt_logprobs >= 0 || o->job->params.embed != Pooling::kNone) continue;
+    const std::vector<TokenId>& p = o->job->prompt;
+    int64_t n = 0;
+    const auto limit = static_cast<int64_t>(std::min(p.size(), prompt.size()));
+    while (n < limit && p[static_cast<size_t>(n)] == prompt[static_cast<size_t>(n)]) ++n;
+    if (n - o->seq.stats().reused_tokens >= kSharedPrefillTokens) return o.get();
+  }
+  return nullptr;
+}
+
+void Engine::Impl::ResumeDeferred() {
+  for (auto& s : slots) {
+    if (!s->job || !s->deferred || SharedPrefillLeader(s.get(), s->job->prompt) != nullptr) continue;
+    s->deferred = false;
+    try {
+      BeginSequence(*s);
+    } catch (const std::exception& e) {
+      FailSlot(*s, "starting", e);
+    }
+  }
 }
 
 int64_t Engine::Impl::LongUntil(const EngineJob& job) {
@@ -483,6 +535,20 @@ bool Engine::Impl::OnToken(Slot& s, TokenId t) {
 void Engine::Impl::Finish(Slot& s, const mr::Status& error, bool release, bool cancel_counted) {
   std::shared_ptr<EngineJob> job = std::move(s.job);
   s.job = nullptr;
+  if (s.deferred) {  // its sequence never started: nothing was computed or reused
+    s.deferred = false;
+    if (metrics && !cancel_counted && job->cancelled.load()) ++metrics->cancellations;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      sched.Finish(s.id);
+      running.erase(s.id);
+    }
+    if (!error.ok()) return job->on_done(error);
+    JobResult r;
+    r.prompt_tokens = static_cast<int64_t>(job->prompt.size());
+    r.stop = StopCause::kCancelled;
+    return job->on_done(r);
+  }
   const GenerateStats& st = s.seq.stats();
   const bool cancelled = job->cancelled.load() || st.stop == StopCause::kCancelled;
   if (error.ok() && !cancelled) s.seq.StoreInCache();
@@ -555,7 +621,7 @@ void Engine::Impl::Step(const sched::Plan& plan) {
   }
   for (const sched::Work& w : plan.work) {
     Slot* s = SlotOf(w.id);
-    if (s == nullptr || s->seq.done()) continue;
+    if (s == nullptr || s->deferred || s->seq.done()) continue;
     s->seq.SetBatch(planned_rows - w.rows, planned_decoders - (w.prefill ? 0 : 1));
     // Tokens injected by a continuation are prefilled in the sequence's decode turn.
     int64_t max_rows = w.rows;
@@ -789,6 +855,7 @@ void Engine::Impl::Loop() {
       for (auto& s : slots)
         if (s->job) FailSlot(*s, "the step", e);
     }
+    ResumeDeferred();
     Publish();
   }
   // Shutting down: every job still here ends as cancelled.

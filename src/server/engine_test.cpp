@@ -197,6 +197,69 @@ TEST_F(EngineTest, PrefixReuseGivesTheColdOutput) {
   EXPECT_EQ(r2.cache_creation_5m_tokens + r2.cache_creation_1h_tokens, 0);
 }
 
+// Requests that arrive together with a long common prefix: the first prefills it, the others
+// wait for that prefill to end and read its KV from the prefix cache instead of computing it
+// again, and every output is what the request gives alone on a cold engine. A waiting request
+// that is cancelled ends as cancelled; without a prefix cache nobody waits.
+TEST_F(EngineTest, ConcurrentRequestsPrefillASharedPrefixOnce) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + ": the committee reviews the budget. ";
+  const std::vector<std::vector<TokenId>> prompts = {Prompt(text + "Question: what does the committee review?"),
+                                                     Prompt(text + "Question: how many lines are there?"),
+                                                     Prompt(text + "Question: what does the committee review?")};
+  const int64_t n = static_cast<int64_t>(prompts[0].size());
+  ASSERT_GT(n, 400);
+  EngineOptions cold_opts = Options(1, 1);
+  cold_opts.prefix_cache_bytes = 0;
+  std::vector<std::vector<TokenId>> cold;
+  {
+    Engine e(*model_, cold_opts);
+    for (const auto& p : prompts) {
+      TestJob j(p, 12);
+      ASSERT_EQ(e.Submit(j.job).admit, sched::Admit::kQueued);
+      ASSERT_TRUE(j.Wait());
+      cold.push_back(j.out->tokens);
+    }
+  }
+  for (bool with_cache : {true, false}) {
+    SCOPED_TRACE(with_cache ? "prefix cache" : "no prefix cache");
+    EngineOptions o = Options(4, 4);
+    if (!with_cache) o.prefix_cache_bytes = 0;
+    ServerMetrics metrics;
+    Engine e(*model_, o, &metrics);
+    std::vector<std::unique_ptr<TestJob>> jobs;
+    for (const auto& p : prompts) {
+      jobs.push_back(std::make_unique<TestJob>(p, 12));
+      ASSERT_EQ(e.Submit(jobs.back()->job).admit, sched::Admit::kQueued);
+    }
+    // A fourth request with the prefix, cancelled while it waits.
+    TestJob gone(prompts[0], 12);
+    ASSERT_EQ(e.Submit(gone.job).admit, sched::Admit::kQueued);
+    gone.job->Cancel();
+    int64_t computed = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(jobs[i]->Wait());
+      ASSERT_TRUE(jobs[i]->out->result.ok()) << jobs[i]->out->result.status().message();
+      EXPECT_EQ(jobs[i]->out->tokens, cold[i]) << i;
+      const JobResult& r = *jobs[i]->out->result;
+      computed += r.prompt_tokens - r.cache_read_tokens;
+      if (i == 0 || !with_cache) {
+        EXPECT_EQ(r.cache_read_tokens, 0) << i;
+      } else {
+        EXPECT_GE(r.cache_read_tokens, 384) << i;  // the shared text's whole 128-token blocks
+      }
+    }
+    ASSERT_TRUE(gone.Wait());
+    ASSERT_TRUE(gone.out->result.ok());
+    EXPECT_EQ(gone.out->result->stop, StopCause::kCancelled);
+    EXPECT_TRUE(gone.out->tokens.empty());
+    if (with_cache) {
+      EXPECT_LT(computed, 2 * n);
+    }
+    WaitIdle(e);
+  }
+}
+
 // An exception inside one request's callbacks fails that request only: the others running with
 // it finish with their normal output, the engine serves the next request, and no slot leaks.
 TEST_F(EngineTest, ExceptionInOneRequestFailsOnlyThatRequest) {

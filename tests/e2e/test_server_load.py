@@ -416,6 +416,39 @@ def test_concurrent_streams_match_sequential(multi):
     wait_idle(multi)
 
 
+def test_concurrent_requests_prefill_a_shared_prefix_once(multi, mererun_bin, model_path):
+    """Three requests with one long document arrive together (parallel agents with one system
+    prompt, OpenAI's n): the first prefills it, the others wait for that and read it from the
+    prefix cache; usage says so, and the answers are the cold server's."""
+    doc = prose(900, seed=23)
+    questions = ["What is the text about?", "Name three things the text mentions.", "What is the text about?"]
+    prompts = [f"Read this text.\n\n{doc}\n\n{q}" for q in questions]
+    wait_idle(multi)
+    before = metrics(multi)
+    go = threading.Barrier(len(prompts))
+
+    def one(p):
+        go.wait()
+        return ask(multi, p, max_tokens=24)
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        got = list(ex.map(one, prompts))
+    after = metrics(multi)
+    reads = sorted(j["usage"].get("cache_read_input_tokens") or 0 for _, j in got)
+    total = [j["usage"]["input_tokens"] + (j["usage"].get("cache_read_input_tokens") or 0) +
+             (j["usage"].get("cache_creation_input_tokens") or 0) for _, j in got]
+    # The first reads at most the chat template's opening from an earlier request.
+    assert reads[0] < 128 and reads[1] >= 768 and reads[2] >= 768, (reads, total)
+    computed = after["mererun_prefill_tokens_total"] - before["mererun_prefill_tokens_total"]
+    assert computed < 1.5 * total[0], (computed, total)
+    cold = start(mererun_bin, model_path, "--prefix-cache-mb", "0")
+    try:
+        for p, (text, _) in zip(prompts, got):
+            assert ask(cold, p, max_tokens=24)[0] == text, p[-40:]
+    finally:
+        cold.stop()
+
+
 # ---- random disconnects ---------------------------------------------------------------------
 
 def one_random_client(server, rng: random.Random):
