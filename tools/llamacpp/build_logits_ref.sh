@@ -13,7 +13,7 @@ if [ ! -f "$nlc/package.json" ] || [ -z "$bins" ] || [ ! -f "$bins/libllama.v0.4
   echo "[logits_ref] node-llama-cpp's linux-x64 binaries are not installed (npm ci in tools/llamacpp)" >&2
   exit 1
 fi
-fresh() { [ -x "build/$1" ] && [ "build/$1" -nt "$1.cpp" ] && [ "build/$1" -nt "$nlc/package.json" ] && [ "build/$1" -nt "$self" ]; }
+fresh() { [ -x "build/$1" ] && [ "build/$1" -nt "$1.cpp" ] && [ "build/$1" -nt ref_common.h ] && [ "build/$1" -nt "$nlc/package.json" ] && [ "build/$1" -nt "$self" ]; }
 if fresh logits_ref && fresh grammar_ref && fresh embed_ref; then
   exit 0
 fi

@@ -14,6 +14,8 @@
 
 #include <llama.h>
 
+#include "ref_common.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -37,17 +39,9 @@ void Log(ggml_log_level level, const char* text, void*) {
 }
 
 std::vector<llama_token> Tokenize(const llama_vocab* vocab, const std::string& text) {
-  std::vector<llama_token> out(text.size() + 4);
-  int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                         static_cast<int32_t>(out.size()), true, false);
-  if (n < 0) {
-    out.resize(static_cast<size_t>(-n));
-    n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                       static_cast<int32_t>(out.size()), true, false);
-  }
-  if (n < 0) Fail("tokenization failed");
-  out.resize(static_cast<size_t>(n));
-  return out;
+  std::optional<std::vector<llama_token>> ids = TokenizeRef(vocab, text, true, false);
+  if (!ids) Fail("tokenization failed");
+  return *ids;
 }
 
 }  // namespace
@@ -124,21 +118,10 @@ int main(int argc, char** argv) {
 
   json results = json::array();
   for (const std::vector<llama_token>& ids : tokens) {
-    llama_memory_clear(llama_get_memory(ctx), true);
-    llama_batch batch = llama_batch_init(static_cast<int32_t>(ids.size()), 0, 1);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      batch.token[i] = ids[i];
-      batch.pos[i] = static_cast<llama_pos>(i);
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    batch.n_tokens = static_cast<int32_t>(ids.size());
-    if (const int rc = llama_decode(ctx, batch); rc != 0) Fail("llama_decode failed (" + std::to_string(rc) + ")", 1);
+    if (const int rc = DecodeOneSequence(ctx, ids); rc != 0) Fail("llama_decode failed (" + std::to_string(rc) + ")", 1);
     const float* e = llama_get_embeddings_seq(ctx, 0);
     if (e == nullptr) Fail("no pooled embedding", 1);
     results.push_back({{"tokens", ids}, {"embedding", std::vector<float>(e, e + n_embd)}});
-    llama_batch_free(batch);
   }
   const json out = {{"llama_cpp", MR_LLAMA_CPP_RELEASE}, {"pooling", pos[2]}, {"results", results}};
   std::printf("%s\n", out.dump().c_str());

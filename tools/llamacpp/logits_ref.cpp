@@ -28,6 +28,8 @@
 
 #include <llama.h>
 
+#include "ref_common.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -154,17 +156,9 @@ bool IsControl(const llama_vocab* vocab, llama_token t) {
 }
 
 std::vector<llama_token> Tokenize(const llama_vocab* vocab, const std::string& text) {
-  std::vector<llama_token> out(text.size() + 2);
-  int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                         static_cast<int32_t>(out.size()), false, true);
-  if (n < 0) {
-    out.resize(static_cast<size_t>(-n));
-    n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                       static_cast<int32_t>(out.size()), false, true);
-  }
-  if (n < 0) Fail("tokenization failed");
-  out.resize(static_cast<size_t>(n));
-  return out;
+  std::optional<std::vector<llama_token>> ids = TokenizeRef(vocab, text, false, true);
+  if (!ids) Fail("tokenization failed");
+  return *ids;
 }
 
 struct Record {
@@ -313,17 +307,7 @@ int main(int argc, char** argv) {
   int64_t n_positions = 0;
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     std::vector<llama_token>& ids = tokens[pi];
-    llama_memory_clear(llama_get_memory(ctx), true);
-    llama_batch batch = llama_batch_init(static_cast<int32_t>(ids.size()), 0, 1);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      batch.token[i] = ids[i];
-      batch.pos[i] = static_cast<llama_pos>(i);
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    batch.n_tokens = static_cast<int32_t>(ids.size());
-    if (const int rc = llama_decode(ctx, batch); rc != 0) Fail("llama_decode failed (" + std::to_string(rc) + ")", 1);
+    if (const int rc = DecodeOneSequence(ctx, ids); rc != 0) Fail("llama_decode failed (" + std::to_string(rc) + ")", 1);
     // The reductions (a full-vocabulary sort each) on every thread, positions interleaved.
     std::vector<const float*> rows(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -347,7 +331,6 @@ int main(int argc, char** argv) {
       });
     }
     for (std::thread& w : workers) w.join();
-    llama_batch_free(batch);
     n_positions += static_cast<int64_t>(ids.size());
     std::fprintf(stderr, "[logits_ref] prompt %zu/%zu (%s): %zu positions\n", pi + 1, prompts.size(),
                  prompts[pi].id.c_str(), ids.size());
