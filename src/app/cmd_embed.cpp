@@ -19,7 +19,7 @@
 namespace mr::app {
 namespace {
 
-// The pooled embedding of `ids` (not normalized), prefilled in passes of `chunk` rows.
+// The pooled embedding of `ids` (not normalized), prefilled in passes of Model::kForwardChunk rows.
 Result<std::vector<float>> Embed(Model& m, Sequence& seq, const std::vector<TokenId>& ids, Pooling pooling) {
   GenerateParams p;
   p.max_tokens = 0;

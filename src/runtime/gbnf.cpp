@@ -1003,7 +1003,11 @@ Result<GrammarBuilder::Expr> GbnfExpr(GrammarBuilder& b, std::string_view text, 
   return Compile(b, p.rules(), p.IndexOf(root), p.source());
 }
 
-Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view pattern) {
+namespace {
+
+// A regular expression as the one rule of a grammar: matched in full, or (json) as JSON Schema's
+// `pattern` searches the decoded text of a JSON string body.
+Result<Expr> CompileRegex(GrammarBuilder& b, std::string_view pattern, bool json) {
   RegexParser p(pattern);
   Result<Alternatives> alts = p.Parse();
   if (!alts.ok()) return alts.status();
@@ -1011,32 +1015,32 @@ Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view patte
   rules[0].name = "root";
   rules[0].defined = true;
   rules[0].body = std::move(*alts);
-  return Compile(b, rules, 0, p.source());
+  if (json) {
+    if (p.nested_anchor())
+      return InvalidArgument("'^' and '$' are supported only at the start / end of the pattern's alternatives");
+    // Search semantics: an alternative not anchored at an end may have any text on that side.
+    Node any;
+    any.kind = Node::kClass;
+    any.ranges = Normalize({}, true);
+    any.min = 0;
+    any.max = -1;
+    for (size_t i = 0; i < rules[0].body.size(); ++i) {
+      Sequence& s = rules[0].body[i];
+      if (!p.anchors()[i].first) s.insert(s.begin(), any);
+      if (!p.anchors()[i].second) s.push_back(any);
+    }
+  }
+  return Compile(b, rules, 0, p.source(), json);
+}
+
+}  // namespace
+
+Result<GrammarBuilder::Expr> RegexExpr(GrammarBuilder& b, std::string_view pattern) {
+  return CompileRegex(b, pattern, /*json=*/false);
 }
 
 Result<GrammarBuilder::Expr> JsonPatternExpr(GrammarBuilder& b, std::string_view pattern) {
-  RegexParser p(pattern);
-  Result<Alternatives> alts = p.Parse();
-  if (!alts.ok()) return alts.status();
-  if (p.nested_anchor())
-    return InvalidArgument("'^' and '$' are supported only at the start / end of the pattern's alternatives");
-  // Search semantics: an alternative not anchored at an end may have any text on that side.
-  Node any;
-  any.kind = Node::kClass;
-  any.ranges = Normalize({}, true);
-  any.min = 0;
-  any.max = -1;
-  std::vector<Rule> rules(1);
-  rules[0].name = "root";
-  rules[0].defined = true;
-  for (size_t i = 0; i < alts->size(); ++i) {
-    Sequence s;
-    if (!p.anchors()[i].first) s.push_back(any);
-    s.insert(s.end(), (*alts)[i].begin(), (*alts)[i].end());
-    if (!p.anchors()[i].second) s.push_back(any);
-    rules[0].body.push_back(std::move(s));
-  }
-  return Compile(b, rules, 0, p.source(), /*json=*/true);
+  return CompileRegex(b, pattern, /*json=*/true);
 }
 
 std::string GbnfQuote(std::string_view s) {

@@ -20,6 +20,7 @@ using Expr = GrammarBuilder::Expr;
 constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxUnrolledItems = 64;
 constexpr int64_t kMaxUnrolledChars = 256;
+constexpr int64_t kMaxInteger = 999999999999999999;  // the 18 integer digits Integer() writes
 
 const std::set<std::string>& Annotations() {
   static const std::set<std::string> k = {"title",
@@ -180,8 +181,7 @@ class Compiler {
   // the integers in range (the plain integer grammar without bounds). Bounds beyond the 18 digits
   // the integer grammar writes are clamped to them.
   Result<Expr> BoundedInteger(const Json& s, const std::string& path) {
-    constexpr int64_t kMax = 999999999999999999;  // 18 digits
-    int64_t lo = -kMax, hi = kMax;
+    int64_t lo = -kMaxInteger, hi = kMaxInteger;
     bool bounded = false;
     for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
       const auto it = s.find(k);
@@ -194,11 +194,11 @@ class Compiler {
       const std::string key = k;
       if (key == "minimum" || key == "exclusiveMinimum") {
         double b = key == "minimum" ? std::ceil(v) : std::floor(v) + 1;
-        b = std::clamp(b, static_cast<double>(-kMax), static_cast<double>(kMax) + 1);
+        b = std::clamp(b, static_cast<double>(-kMaxInteger), static_cast<double>(kMaxInteger) + 1);
         lo = std::max(lo, static_cast<int64_t>(b));
       } else {
         double b = key == "maximum" ? std::floor(v) : std::ceil(v) - 1;
-        b = std::clamp(b, static_cast<double>(-kMax) - 1, static_cast<double>(kMax));
+        b = std::clamp(b, static_cast<double>(-kMaxInteger) - 1, static_cast<double>(kMaxInteger));
         hi = std::min(hi, static_cast<int64_t>(b));
       }
     }
@@ -300,7 +300,7 @@ class Compiler {
   // lo.strict) and x <= hi (or <), no upper bound without hi; nullopt when there are none.
   std::optional<Expr> Magnitude(const Decimal& lo, const std::optional<Decimal>& hi) {
     const int64_t a = std::stoll(lo.ip);
-    const int64_t z = hi ? std::stoll(hi->ip) : 999999999999999999;
+    const int64_t z = hi ? std::stoll(hi->ip) : kMaxInteger;
     if (a > z) return std::nullopt;
     const FracBound flo{true, lo.fp, lo.strict};
     const FracBound fhi = hi ? FracBound{true, hi->fp, hi->strict} : FracBound{};
@@ -351,13 +351,15 @@ class Compiler {
       if (hi.on && c == hi_d) u = FracBound{true, hi.s.substr(1), hi.strict};
       return std::pair{l, u};
     };
-    for (int c : {lo_d, hi_d}) {
-      if (c < lo_d || c > hi_d) continue;
+    // The first digit at a bound keeps that bound on the digits after it; digits strictly
+    // between the bounds free the rest.
+    auto at_bound = [&](int c) {
       const auto [l, u] = next(c);
       if (std::optional<Expr> rest = FracDigits(l, u, true))
         options.push_back(b_.Seq({b_.Literal(std::string(1, static_cast<char>('0' + c))), *rest}));
-      if (hi_d == lo_d) break;
-    }
+    };
+    if (lo_d <= hi_d) at_bound(lo_d);
+    if (lo_d < hi_d) at_bound(hi_d);
     if (hi_d - lo_d >= 2)
       options.push_back(b_.Seq({b_.Range(static_cast<uint8_t>('0' + lo_d + 1), static_cast<uint8_t>('0' + hi_d - 1)),
                                 b_.Repeat(Digit(), 0, 17)}));

@@ -719,8 +719,7 @@ struct Session {
       ev.kind = StreamEvent::Kind::kError;
       // Shutting down: overloaded_error (529), which clients retry; the stream ends with an
       // error event, never with a normal stop reason.
-      ev.error = {r.status().code() == ErrorCode::kUnavailable ? ApiErrorType::kOverloaded : ApiErrorType::kApi,
-                  r.status().message()};
+      ev.error = EngineFailure(r.status());
       channel->Push(std::move(ev));
       return;
     }
@@ -802,13 +801,21 @@ std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, 
     ev.cache_creation_1h_tokens = r.cache_creation_1h_tokens;
     session->channel->Push(std::move(ev));
   };
-  const SubmitResult sr = sm.engine->Submit(job);
+  if (auto e = AdmissionError(sm.engine->Submit(job))) return e;
+  *job_out = std::move(job);
+  return std::nullopt;
+}
+
+std::optional<ApiError> AdmissionError(const SubmitResult& sr) {
   if (sr.admit == sched::Admit::kQueueFull)
     return ApiError{ApiErrorType::kRateLimit, "too many queued requests; retry later", sr.retry_after_s};
   if (sr.admit == sched::Admit::kOverloaded)
     return ApiError{ApiErrorType::kOverloaded, "the server is overloaded; retry later", sr.retry_after_s};
-  *job_out = std::move(job);
   return std::nullopt;
+}
+
+ApiError EngineFailure(const mr::Status& error) {
+  return {error.code() == ErrorCode::kUnavailable ? ApiErrorType::kOverloaded : ApiErrorType::kApi, error.message()};
 }
 
 }  // namespace mr::server

@@ -254,6 +254,13 @@ class EventChannel {
 
 // Submits the generation; events (ending with one kDone or kError) arrive on `channel`.
 // Errors: 529 overloaded when the engine's queue is full.
+// The error a client gets when the engine refuses a job (429 queue full, 529 overloaded);
+// nullopt when it was queued.
+std::optional<ApiError> AdmissionError(const SubmitResult& sr);
+// The error a client gets when the engine ends a job with `error`: overloaded (529, retried by
+// clients) when shutting down, else an API error.
+ApiError EngineFailure(const mr::Status& error);
+
 std::optional<ApiError> StartChat(const ServedModel& sm, PreparedChat prepared, std::shared_ptr<EventChannel> channel,
                                   std::shared_ptr<EngineJob>* job_out);
 

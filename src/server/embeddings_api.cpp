@@ -61,16 +61,6 @@ std::optional<ApiError> ParseOneInput(const Json& x, const ServedModel& sm, bool
   return std::nullopt;
 }
 
-std::optional<ApiError> OptInt(const Json& body, const char* key, int64_t lo, int64_t hi, int64_t* out) {
-  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-  const Json& v = body[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-    return InvalidRequest(std::string(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "]");
-  *out = v.get<int64_t>();
-  return std::nullopt;
-}
-
 std::string Base64Floats(const std::vector<float>& v) {
   const size_t bytes = v.size() * sizeof(float);  // little-endian float32, as OpenAI sends them
   std::string out(4 * ((bytes + 2) / 3) + 1, '\0');

@@ -232,9 +232,11 @@ TEST_F(EngineTest, ConcurrentRequestsPrefillASharedPrefixOnce) {
       jobs.push_back(std::make_unique<TestJob>(p, 12));
       ASSERT_EQ(e.Submit(jobs.back()->job).admit, sched::Admit::kQueued);
     }
-    // A fourth request with the prefix, cancelled while it waits.
+    // A fourth request with the prefix, cancelled once it holds a slot (while it waits, with
+    // the cache: the first request's prefill takes longer than this poll).
     TestJob gone(prompts[0], 12);
     ASSERT_EQ(e.Submit(gone.job).admit, sched::Admit::kQueued);
+    for (int i = 0; i < 2000 && e.Status().active < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     gone.job->Cancel();
     int64_t computed = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {

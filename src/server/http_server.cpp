@@ -674,12 +674,13 @@ struct HttpServer::Impl {
     struct State {
       std::mutex mu;
       std::condition_variable cv;
-      std::vector<std::optional<Result<JobResult>>> results;
+      std::vector<JobResult> results;
       size_t finished = 0;
+      std::optional<mr::Status> error;  // the first input that failed
     };
     const size_t n = er.inputs.size();
     auto st = std::make_shared<State>();
-    st->results.resize(n);
+    st->results.resize(n);  // filled by index as inputs finish
     std::vector<std::shared_ptr<EngineJob>> jobs;
     auto cancel = [&jobs] {
       for (const auto& j : jobs) j->Cancel();
@@ -691,14 +692,9 @@ struct HttpServer::Impl {
       {
         std::lock_guard<std::mutex> lock(st->mu);
         finished = st->finished;
-        for (size_t i = 0; i < jobs.size(); ++i) {
-          if (st->results[i] && !st->results[i]->ok()) {
-            cancel();
-            const mr::Status& why = st->results[i]->status();
-            return SetError(res, api,
-                            {why.code() == ErrorCode::kUnavailable ? ApiErrorType::kOverloaded : ApiErrorType::kApi,
-                             why.message()});
-          }
+        if (st->error) {
+          cancel();
+          return SetError(res, api, EngineFailure(*st->error));
         }
       }
       if (finished == n) break;
@@ -711,19 +707,18 @@ struct HttpServer::Impl {
         job->on_token = [](TokenId) { return false; };
         job->on_done = [st, i](const Result<JobResult>& r) {
           std::lock_guard<std::mutex> lock(st->mu);
-          st->results[i] = r;
+          if (r.ok()) {
+            st->results[i] = r.value();
+          } else if (!st->error) {
+            st->error = r.status();
+          }
           ++st->finished;
           st->cv.notify_all();
         };
-        const SubmitResult sr = sm.engine->Submit(job);
-        if (sr.admit != sched::Admit::kQueued) {
+        if (auto refused = AdmissionError(sm.engine->Submit(job))) {
           if (jobs.size() > finished) break;  // ours are still queued or running: wait for them
           cancel();
-          return SetError(
-              res, api,
-              sr.admit == sched::Admit::kQueueFull
-                  ? ApiError{ApiErrorType::kRateLimit, "too many queued requests; retry later", sr.retry_after_s}
-                  : ApiError{ApiErrorType::kOverloaded, "the server is overloaded; retry later", sr.retry_after_s});
+          return SetError(res, api, *refused);
         }
         jobs.push_back(std::move(job));
       }
@@ -734,7 +729,7 @@ struct HttpServer::Impl {
     }
     std::vector<std::vector<float>> out(n);
     for (size_t i = 0; i < n; ++i) {
-      JobResult& r = st->results[i]->value();
+      JobResult& r = st->results[i];
       if (r.stop == StopCause::kCancelled || r.embedding.empty())
         return SetError(res, api, {ApiErrorType::kApi, "input " + std::to_string(i) + " was not evaluated"});
       out[i] = std::move(r.embedding);
@@ -885,11 +880,7 @@ struct HttpServer::Impl {
     } else if (IsGenerationPath(req.path) && sm.engine != nullptr) {
       // A full engine refuses here, before the body is parsed or a thread started, so a burst
       // is refused at once; Submit checks again (this is only an early answer).
-      const SubmitResult pre = sm.engine->Precheck();
-      if (pre.admit == sched::Admit::kQueueFull)
-        return refuse({ApiErrorType::kRateLimit, "too many queued requests; retry later", pre.retry_after_s});
-      if (pre.admit == sched::Admit::kOverloaded)
-        return refuse({ApiErrorType::kOverloaded, "the server is overloaded; retry later", pre.retry_after_s});
+      if (auto e = AdmissionError(sm.engine->Precheck())) return refuse(*e);
       return false;
     } else {
       return false;

@@ -21,17 +21,6 @@ bool Has(const Json& body, const char* key) {
   return body.contains(key) && !body[key].is_null();
 }
 
-// An optional integer field in [lo, hi].
-std::optional<ApiError> OptInt(const Json& body, const char* key, int64_t lo, int64_t hi, int64_t* out) {
-  if (!Has(body, key)) return std::nullopt;
-  const Json& v = body[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-    return InvalidRequest(std::string(key) + ": expected an integer between " + std::to_string(lo) + " and " +
-                          std::to_string(hi));
-  *out = v.get<int64_t>();
-  return std::nullopt;
-}
-
 // llama.cpp options whose default leaves them off: accepted at that value, refused when set to do
 // something mererun does not implement.
 struct InactiveOption {

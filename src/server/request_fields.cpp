@@ -99,6 +99,16 @@ std::optional<ApiError> OptString(const Json& obj, const char* key, const std::s
   return std::nullopt;
 }
 
+std::optional<ApiError> OptInt(const Json& obj, const char* key, int64_t lo, int64_t hi, int64_t* out) {
+  const Json* v = Present(obj, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi)
+    return InvalidRequest(std::string(key) + ": expected an integer between " + std::to_string(lo) + " and " +
+                          std::to_string(hi));
+  *out = v->get<int64_t>();
+  return std::nullopt;
+}
+
 std::optional<ApiError> OptObject(const Json& obj, const char* key, const std::string& where, const Json** out) {
   const Json* v = Present(obj, key);
   if (v == nullptr) return std::nullopt;

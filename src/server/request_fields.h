@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ std::optional<ApiError> OptBool(const nlohmann::ordered_json& obj, const char* k
                                 bool* out);
 std::optional<ApiError> OptString(const nlohmann::ordered_json& obj, const char* key, const std::string& where,
                                   std::string* out);
+// An integer in [lo, hi]: anything else is a 400 "KEY: expected an integer between LO and HI".
+std::optional<ApiError> OptInt(const nlohmann::ordered_json& obj, const char* key, int64_t lo, int64_t hi,
+                               int64_t* out);
 // *out points at the object (or stays null).
 std::optional<ApiError> OptObject(const nlohmann::ordered_json& obj, const char* key, const std::string& where,
                                   const nlohmann::ordered_json** out);
